@@ -1,0 +1,113 @@
+"""The one error tree of effectq.
+
+::
+
+    EffectqError                  (message, details)
+    ├── IdentityError             the arguments cannot name an effect
+    │   ├── CanonicalizationError     a value has no canonical form (NaN, float money, bad key…)
+    │   ├── MissingFieldError         an identity or bound field is absent
+    │   ├── ValueTooLargeError        a value is over its size bound
+    │   └── SpecError                 a tool declaration contradicts itself
+    ├── LedgerError               the ledger cannot answer or refused a write
+    │   ├── LedgerUnavailableError    Redis did not answer: fail closed, execute nothing
+    │   ├── VolatileLedgerError       Redis has no AOF and volatility was not allowed
+    │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
+    │   └── TransitionRefusedError    the state table forbids this transition (carries state)
+    ├── MessageError              a queue message is malformed: dead-letter it, never execute
+    ├── ConflictError             same effect key, different bound fields
+    └── ProviderError             the provider's answer (see ``workers`` / ``reconciler``)
+
+Errors carry the effect key and state, never a raw recipient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CanonicalizationError",
+    "ConflictError",
+    "EffectqError",
+    "IdentityError",
+    "LedgerError",
+    "LedgerUnavailableError",
+    "MessageError",
+    "MissingFieldError",
+    "ProviderError",
+    "RecordTooLargeError",
+    "SpecError",
+    "TransitionRefusedError",
+    "ValueTooLargeError",
+    "VolatileLedgerError",
+]
+
+
+class EffectqError(Exception):
+    """Base of every effectq error: a message and a dict of safe details."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    @property
+    def key(self) -> str | None:
+        value = self.details.get("key")
+        return value if isinstance(value, str) else None
+
+
+class IdentityError(EffectqError):
+    pass
+
+
+class CanonicalizationError(IdentityError):
+    pass
+
+
+class MissingFieldError(IdentityError):
+    pass
+
+
+class ValueTooLargeError(IdentityError):
+    pass
+
+
+class SpecError(IdentityError):
+    pass
+
+
+class LedgerError(EffectqError):
+    pass
+
+
+class LedgerUnavailableError(LedgerError):
+    pass
+
+
+class VolatileLedgerError(LedgerError):
+    pass
+
+
+class RecordTooLargeError(LedgerError):
+    pass
+
+
+class TransitionRefusedError(LedgerError):
+    """The state table forbids the transition; ``details['state']`` is the current state."""
+
+    @property
+    def state(self) -> str | None:
+        value = self.details.get("state")
+        return value if isinstance(value, str) else None
+
+
+class MessageError(EffectqError):
+    pass
+
+
+class ConflictError(EffectqError):
+    pass
+
+
+class ProviderError(EffectqError):
+    pass

@@ -1,0 +1,239 @@
+-- effectq ledger: every state transition of an effect record, one atomic call each.
+--
+-- Read this against DESIGN.md §2. One script, dispatched on ARGV[1], so that the whole
+-- state table sits in one file; every call is one EVALSHA round trip.
+--
+-- KEYS (all three share one hash tag, the record's bucket: one slot, Cluster-safe)
+--   KEYS[1]  record   string: JSON object, fields below
+--   KEYS[2]  leases   zset:   effect key -> lease deadline (ms, server clock) of every
+--                              CLAIMED / RECONCILING record in the bucket; the reconciler
+--                              scans only this, never the keyspace
+--   KEYS[3]  stats    hash:   "<STATE>:<tool>" -> number of records in CLAIMED, RECONCILING,
+--                              UNKNOWN (the states that never expire); "fenced:<op>" -> count
+--                              of stale writes refused
+-- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
+--
+-- Record fields (short names keep a DONE record small):
+--   s state   t fencing token (per key, only grows)   f fingerprint   g generation
+--   tool      n attempts (claims granted)             c created ms
+--   d lease deadline ms (CLAIMED/RECONCILING only)    h holder (CLAIMED/RECONCILING only)
+--   q request (opaque JSON text)   r receipt (opaque JSON text)   raw provider's raw
+--   response when it differs from r   lr late receipts [[token, receipt, ms], ...]
+--   y history [[state, token, ms, note], ...] (the last HISTORY entries)
+--
+-- Time is the server's (TIME), never a client clock. A claim never expires by itself: an
+-- expired lease makes the record `blocked` until the reconciler takes it over.
+
+local HISTORY = 16
+local LATE = 8
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local op = ARGV[1]
+local key = ARGV[2]
+local rec = nil
+local blob = redis.call('GET', KEYS[1])
+if blob then rec = cjson.decode(blob) end
+
+local COUNTED = {CLAIMED = true, RECONCILING = true, UNKNOWN = true}
+
+local function count(state, delta)
+  if state and COUNTED[state] then
+    redis.call('HINCRBY', KEYS[3], state .. ':' .. rec.tool, delta)
+  end
+end
+
+-- Move rec to `state`, keeping counts, lease index and history in step with it.
+local function move(state, token, note, deadline)
+  count(rec.s, -1)
+  rec.s = state
+  rec.t = token
+  count(state, 1)
+  local y = rec.y or {}
+  y[#y + 1] = {state, token, now, note or ''}
+  while #y > HISTORY do table.remove(y, 1) end
+  rec.y = y
+  if deadline then
+    rec.d = deadline
+    redis.call('ZADD', KEYS[2], deadline, key)
+  else
+    rec.d = nil
+    rec.h = nil
+    redis.call('ZREM', KEYS[2], key)
+  end
+end
+
+local function save(retention_ms)
+  if retention_ms and retention_ms > 0 then
+    redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', retention_ms)
+  else
+    redis.call('SET', KEYS[1], cjson.encode(rec))
+  end
+end
+
+local function fenced(name)
+  redis.call('HINCRBY', KEYS[3], 'fenced:' .. name, 1)
+  if rec then return {'fenced', rec.s, rec.t} end
+  return {'fenced', 'ABSENT', 0}
+end
+
+local function refused()
+  if rec then return {'refused', rec.s, rec.t} end
+  return {'refused', 'ABSENT', 0}
+end
+
+-- claim(fingerprint, tool, lease_ms, holder, request)
+--   none | FAILED | REVOKED | SUPERSEDED -> CLAIMED, token+1       => acquired
+--   otherwise: fingerprint differs                                 => conflict
+--   DONE                                                           => duplicate(receipt)
+--   CLAIMED with a live lease, RECONCILING                         => in_flight
+--   CLAIMED with an expired lease, UNKNOWN                         => blocked
+local function claim()
+  local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+  local deadline = now + lease_ms
+  if not rec then
+    rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now}
+    move('CLAIMED', 1, 'claim', deadline)
+    rec.n, rec.h, rec.q = 1, holder, request
+    redis.call('SET', KEYS[1], cjson.encode(rec), 'NX')
+    return {'acquired', 1, 0}
+  end
+  local s = rec.s
+  if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
+    if s ~= 'FAILED' then rec.g = rec.g + 1 end
+    rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
+    move('CLAIMED', rec.t + 1, 'claim', deadline)
+    rec.n, rec.h, rec.q = rec.n + 1, holder, request
+    save(0)
+    return {'acquired', rec.t, rec.g}
+  end
+  if rec.f ~= fp then return {'conflict', s, rec.t} end
+  if s == 'DONE' then return {'duplicate', rec.t, rec.g, rec.r} end
+  if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
+    return {'in_flight', s, rec.t}
+  end
+  return {'blocked', s, rec.t}
+end
+
+-- heartbeat(token, lease_ms): the holder of CLAIMED or RECONCILING under `token` extends
+-- its lease (the reconciler uses it to "look again later"). Stale token => fenced.
+local function heartbeat()
+  local token, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+    return fenced('heartbeat')
+  end
+  rec.d = now + lease_ms
+  redis.call('ZADD', KEYS[2], rec.d, key)
+  save(0)
+  return {'ok', rec.s, rec.t}
+end
+
+-- commit(token, receipt, raw, retention_ms, note): CLAIMED | RECONCILING under `token`
+-- -> DONE. A retry of the same commit is ok. Stale token => fenced, and the receipt is kept
+-- in late receipts as evidence (never as authority).
+local function commit()
+  local token, receipt, raw, retention_ms = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+  if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
+  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+    if rec then
+      local lr = rec.lr or {}
+      lr[#lr + 1] = {token, receipt, now}
+      while #lr > LATE do table.remove(lr, 1) end
+      rec.lr = lr
+      local ttl = redis.call('PTTL', KEYS[1])
+      save(ttl > 0 and ttl or 0)
+    end
+    return fenced('commit')
+  end
+  rec.r = receipt
+  if raw ~= '' then rec.raw = raw end
+  move('DONE', token, ARGV[7], nil)
+  save(retention_ms)
+  return {'ok', 'DONE', token}
+end
+
+-- fail(token, reason, retention_ms): CLAIMED | RECONCILING under `token` -> FAILED: known
+-- not executed. The key is free again: the next claim is granted.
+local function fail()
+  local token, reason, retention_ms = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+  if rec and rec.t == token and rec.s == 'FAILED' then return {'ok', 'FAILED', token} end
+  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+    return fenced('fail')
+  end
+  move('FAILED', token, reason, nil)
+  save(retention_ms)
+  return {'ok', 'FAILED', token}
+end
+
+-- handover(token, reason): the holder of CLAIMED does not know whether the effect happened;
+-- its lease ends now so the reconciler takes the record at its next scan.
+local function handover()
+  local token, reason = tonumber(ARGV[3]), ARGV[4]
+  if not rec or rec.t ~= token or rec.s ~= 'CLAIMED' then return fenced('handover') end
+  move('CLAIMED', token, 'handover: ' .. reason, now)
+  save(0)
+  return {'ok', 'CLAIMED', token}
+end
+
+-- takeover(lease_ms, holder): CLAIMED or RECONCILING whose lease has expired -> RECONCILING
+-- under token+1. Returns what the reconciler needs to ask the provider.
+local function takeover()
+  local lease_ms, holder = tonumber(ARGV[3]), ARGV[4]
+  if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') or rec.d > now then
+    -- A stale index entry (record gone or settled) is dropped here, not by a scan.
+    if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+      redis.call('ZREM', KEYS[2], key)
+    end
+    return refused()
+  end
+  local from = rec.s
+  move('RECONCILING', rec.t + 1, 'takeover from ' .. from, now + lease_ms)
+  rec.h = holder
+  save(0)
+  return {'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.c, cjson.encode(rec.lr or {})}
+end
+
+-- unknown(token, reason): RECONCILING under `token` -> UNKNOWN: the outcome cannot be
+-- established; every claim is blocked until an operator resolves it with evidence.
+local function unknown()
+  local token, reason = tonumber(ARGV[3]), ARGV[4]
+  if not rec or rec.t ~= token or rec.s ~= 'RECONCILING' then return fenced('unknown') end
+  move('UNKNOWN', token, reason, nil)
+  save(0)
+  return {'ok', 'UNKNOWN', token}
+end
+
+-- operate(action, note, retention_ms, receipt, raw): operator transitions, token+1 so that
+-- any older holder is fenced.
+--   resolve_done    UNKNOWN -> DONE (evidence: receipt)
+--   resolve_failed  UNKNOWN -> FAILED
+--   revoke          DONE    -> REVOKED      (next claim opens generation n+1)
+--   supersede       DONE    -> SUPERSEDED   (next claim opens generation n+1)
+local OPERATOR = {
+  resolve_done = {from = 'UNKNOWN', to = 'DONE'},
+  resolve_failed = {from = 'UNKNOWN', to = 'FAILED'},
+  revoke = {from = 'DONE', to = 'REVOKED'},
+  supersede = {from = 'DONE', to = 'SUPERSEDED'},
+}
+local function operate()
+  local action, note, retention_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local rule = OPERATOR[action]
+  if not rule then return redis.error_reply('unknown operator action ' .. action) end
+  if not rec or rec.s ~= rule.from then return refused() end
+  if rule.to == 'DONE' then
+    rec.r = ARGV[6]
+    if ARGV[7] ~= '' then rec.raw = ARGV[7] end
+  end
+  move(rule.to, rec.t + 1, note, nil)
+  save(retention_ms)
+  return {'ok', rule.to, rec.t}
+end
+
+local OPS = {
+  claim = claim, heartbeat = heartbeat, commit = commit, fail = fail,
+  handover = handover, takeover = takeover, unknown = unknown, operate = operate,
+}
+local fn = OPS[op]
+if not fn then return redis.error_reply('unknown ledger op ' .. tostring(op)) end
+return fn()

@@ -1,0 +1,299 @@
+"""The claim ledger on Redis: the only code that knows effectq's Redis keys.
+
+Every transition is one call of ``ledger.lua`` (one round trip, atomic, server time); this
+class sizes the arguments, names the keys, and turns replies into typed results. It is
+safe to share across threads (redis-py pools connections) and across ``fork`` (redis-py
+resets its pool in a child).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from .errors import (
+    LedgerError,
+    LedgerUnavailableError,
+    RecordTooLargeError,
+    TransitionRefusedError,
+    VolatileLedgerError,
+)
+from .identity import Effect
+from .records import Claim, EffectRecord, Takeover, Write
+
+__all__ = ["DEFAULT_BUCKETS", "Ledger"]
+
+DEFAULT_BUCKETS = 256
+_SCRIPT = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
+_ENV_VOLATILE = "EFFECTQ_ALLOW_VOLATILE_LEDGER"
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+class Ledger:
+    """One record per effect key, bucketed so each call touches one hash slot.
+
+    Parameters
+    ----------
+    client:
+        a ``redis.Redis`` (or cluster) client with ``decode_responses=True``. Keep the ledger
+        in its own database or server, apart from the broker.
+    allow_volatile:
+        accept a Redis without AOF. A ledger that forgets grants a second claim, so this is
+        refused unless asked for (or ``EFFECTQ_ALLOW_VOLATILE_LEDGER`` is set).
+    wait_replicas:
+        after each write, ``WAIT`` for this many replicas (same round trip). A claim that no
+        replica acknowledged is not acted on. Redis documents that a failover can still lose
+        an acknowledged write: this narrows the window, it does not close it.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str = "effectq",
+        buckets: int = DEFAULT_BUCKETS,
+        allow_volatile: bool | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 500,
+        max_request_bytes: int = 64 * 1024,
+        max_receipt_bytes: int = 16 * 1024,
+        max_raw_bytes: int = 64 * 1024,
+    ) -> None:
+        if not 1 <= buckets <= 16384:
+            raise ValueError("buckets must be between 1 and 16384")
+        if not namespace or any(c in namespace for c in "{}: \t\n"):
+            raise ValueError("namespace must be non-empty, without braces, colons or spaces")
+        self.client = client
+        self.namespace = namespace
+        self.buckets = buckets
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.max_request_bytes = max_request_bytes
+        self.max_receipt_bytes = max_receipt_bytes
+        self.max_raw_bytes = max_raw_bytes
+        # register_script evaluates by SHA and reloads on NOSCRIPT, so a Redis restart or
+        # failover (which empties the script cache) costs one extra round trip, not an error.
+        self._script: Script = client.register_script(_SCRIPT)
+        if allow_volatile is None:
+            allow_volatile = _env_flag(_ENV_VOLATILE)
+        if not allow_volatile:
+            self.check_durability()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> Ledger:
+        """``redis://``, ``rediss://`` (TLS) and ``redis://user:password@…`` (ACL) URLs."""
+        client = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=kwargs.pop("socket_timeout", 5.0),
+            socket_connect_timeout=kwargs.pop("socket_connect_timeout", 5.0),
+            health_check_interval=kwargs.pop("health_check_interval", 30),
+        )
+        return cls(client, **kwargs)
+
+    # -- keys -------------------------------------------------------------------------
+
+    def bucket_of(self, key: str) -> int:
+        return int(key[:8], 16) % self.buckets
+
+    def _tag(self, bucket: int) -> str:
+        return f"{{{self.namespace}:{bucket}}}"
+
+    def _keys(self, key: str) -> list[str]:
+        tag = self._tag(self.bucket_of(key))
+        return [f"{tag}:r:{key}", f"{tag}:leases", f"{tag}:stats"]
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def check_durability(self) -> None:
+        try:
+            info = self.client.info("persistence")
+        except redis.ResponseError as exc:
+            raise VolatileLedgerError(
+                f"cannot verify the ledger's persistence ({exc}); grant INFO or allow volatility"
+            ) from None
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unreachable: {exc}") from None
+        if int(info.get("aof_enabled", 0)) != 1:
+            raise VolatileLedgerError(
+                "the ledger Redis has no AOF persistence (appendonly no): a restart would "
+                "forget claims and grant them twice. Enable appendonly, or set "
+                f"{_ENV_VOLATILE}=true if this ledger may be volatile."
+            )
+
+    def _call(self, op: str, key: str, *args: Any) -> list[Any]:
+        argv = [op, key, *args]
+        try:
+            if not self.wait_replicas:
+                reply = self._script(keys=self._keys(key), args=argv)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                self._script(keys=self._keys(key), args=argv, client=pipe)
+                pipe.execute_command(  # type: ignore[no-untyped-call]
+                    "WAIT", self.wait_replicas, self.wait_timeout_ms
+                )
+                reply, acked = pipe.execute()
+                if int(acked) < self.wait_replicas and op == "claim" and reply[0] == "acquired":
+                    raise LedgerUnavailableError(
+                        f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
+                        key=key,
+                    )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
+        except redis.ResponseError as exc:
+            raise LedgerError(f"ledger script error: {exc}", key=key) from None
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis error: {exc}", key=key) from None
+        return list(reply)
+
+    def _bounded(self, what: str, text: str, limit: int, key: str) -> str:
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise RecordTooLargeError(
+                f"{what} is {size} bytes, over the {limit}-byte bound", key=key, size=size
+            )
+        return text
+
+    # -- worker transitions -----------------------------------------------------------
+
+    def claim(self, effect: Effect, *, lease_s: float, holder: str) -> Claim:
+        """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked."""
+        request = _compact({"scope": effect.scope, "args": dict(effect.args)})
+        self._bounded("request", request, self.max_request_bytes, effect.key)
+        reply = self._call(
+            "claim", effect.key, effect.fingerprint, effect.tool, _ms(lease_s), holder, request
+        )
+        return Claim.from_reply(effect.key, reply)
+
+    def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
+        """Extend the lease of CLAIMED / RECONCILING held under ``token``."""
+        return Write.from_reply(self._call("heartbeat", key, token, _ms(lease_s)))
+
+    def commit(
+        self,
+        key: str,
+        token: int,
+        receipt: Mapping[str, Any],
+        *,
+        raw: str | None = None,
+        retention_s: float,
+        note: str = "commit",
+    ) -> Write:
+        """CLAIMED / RECONCILING under ``token`` → DONE with the receipt and raw response."""
+        text = self._bounded("receipt", _compact(dict(receipt)), self.max_receipt_bytes, key)
+        raw_text = "" if raw is None or raw == text else raw
+        self._bounded("raw response", raw_text, self.max_raw_bytes, key)
+        return Write.from_reply(
+            self._call("commit", key, token, text, raw_text, _ms(retention_s), note)
+        )
+
+    def fail(self, key: str, token: int, *, reason: str, retention_s: float) -> Write:
+        """CLAIMED / RECONCILING under ``token`` → FAILED: known not executed."""
+        return Write.from_reply(self._call("fail", key, token, reason[:500], _ms(retention_s)))
+
+    def handover(self, key: str, token: int, *, reason: str) -> Write:
+        """The holder cannot tell whether the effect happened: hand it to the reconciler now."""
+        return Write.from_reply(self._call("handover", key, token, reason[:500]))
+
+    # -- reconciler transitions -------------------------------------------------------
+
+    def takeover(self, key: str, *, lease_s: float, holder: str) -> Takeover | None:
+        """Take an expired CLAIMED / RECONCILING record over under a new token, or None."""
+        reply = self._call("takeover", key, _ms(lease_s), holder)
+        if reply[0] != "acquired":
+            return None
+        late = json.loads(reply[7])
+        return Takeover(
+            key=key,
+            token=int(reply[1]),
+            generation=int(reply[2]),
+            tool=str(reply[3]),
+            request=json.loads(reply[4]) if reply[4] else None,
+            attempts=int(reply[5]),
+            created_ms=int(reply[6]),
+            late_receipts=late if isinstance(late, list) else [],
+        )
+
+    def mark_unknown(self, key: str, token: int, *, reason: str) -> Write:
+        """RECONCILING under ``token`` → UNKNOWN: blocks every claim until an operator acts."""
+        return Write.from_reply(self._call("unknown", key, token, reason[:500]))
+
+    # -- operator transitions ---------------------------------------------------------
+
+    def operate(
+        self,
+        key: str,
+        action: str,
+        *,
+        note: str,
+        retention_s: float,
+        receipt: Mapping[str, Any] | None = None,
+        raw: str | None = None,
+    ) -> Write:
+        """resolve_done / resolve_failed (from UNKNOWN), revoke / supersede (from DONE).
+
+        Raises TransitionRefusedError where the state table forbids it.
+        """
+        text = _compact(dict(receipt)) if receipt is not None else ""
+        self._bounded("receipt", text, self.max_receipt_bytes, key)
+        raw_text = "" if raw is None or raw == text else raw
+        self._bounded("raw response", raw_text, self.max_raw_bytes, key)
+        reply = self._call("operate", key, action, note[:500], _ms(retention_s), text, raw_text)
+        if reply[0] == "refused":
+            raise TransitionRefusedError(
+                f"{action} refused: effect is {reply[1]}", key=key, state=str(reply[1])
+            )
+        return Write.from_reply(reply)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get(self, key: str) -> EffectRecord | None:
+        record_key = self._keys(key)[0]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(record_key)
+            pipe.pttl(record_key)
+            blob, ttl = pipe.execute()
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
+        return None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
+
+    def server_time_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def expired(self, bucket: int, *, limit: int = 100, now_ms: int | None = None) -> list[str]:
+        """Keys in ``bucket`` whose lease deadline has passed (server clock)."""
+        now = self.server_time_ms() if now_ms is None else now_ms
+        leases = f"{self._tag(bucket)}:leases"
+        found = self.client.zrangebyscore(leases, "-inf", now, start=0, num=limit)
+        return [str(k) for k in found]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """(state or "fenced", tool or op) → count, summed over buckets (no keyspace scan)."""
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in range(self.buckets):
+            pipe.hgetall(f"{self._tag(bucket)}:stats")
+        totals: dict[tuple[str, str], int] = {}
+        for stats in pipe.execute():
+            for name, value in stats.items():
+                kind, _, label = name.partition(":")
+                totals[(kind, label)] = totals.get((kind, label), 0) + int(value)
+        return totals

@@ -1,0 +1,193 @@
+"""The ledger's vocabulary: states, claim outcomes, and the typed views of what it returns.
+
+The transitions themselves live only in ``ledger.lua``; this module names and reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .identity import idempotency_key
+
+__all__ = ["Claim", "ClaimOutcome", "EffectRecord", "State", "Takeover", "Transition", "Write"]
+
+
+class State(StrEnum):
+    CLAIMED = "CLAIMED"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    RECONCILING = "RECONCILING"
+    UNKNOWN = "UNKNOWN"
+    REVOKED = "REVOKED"
+    SUPERSEDED = "SUPERSEDED"
+
+
+class ClaimOutcome(StrEnum):
+    ACQUIRED = "acquired"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+    IN_FLIGHT = "in_flight"
+    BLOCKED = "blocked"
+
+
+def _json_or_none(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The ledger's answer to a claim. ``token`` is the fencing token to write under when
+    acquired, else the record's current token; ``receipt`` is set on a duplicate."""
+
+    outcome: ClaimOutcome
+    key: str
+    token: int
+    generation: int = 0
+    state: State | None = None
+    receipt: dict[str, Any] | None = None
+
+    @property
+    def acquired(self) -> bool:
+        return self.outcome is ClaimOutcome.ACQUIRED
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.key, self.generation)
+
+    @classmethod
+    def from_reply(cls, key: str, reply: list[Any]) -> Claim:
+        outcome = ClaimOutcome(reply[0])
+        if outcome is ClaimOutcome.ACQUIRED:
+            return cls(outcome, key, int(reply[1]), int(reply[2]), State.CLAIMED)
+        if outcome is ClaimOutcome.DUPLICATE:
+            receipt = _json_or_none(reply[3])
+            return cls(outcome, key, int(reply[1]), int(reply[2]), State.DONE, receipt)
+        return cls(outcome, key, int(reply[2]), state=State(reply[1]))
+
+
+@dataclass(frozen=True)
+class Write:
+    """Result of a token-guarded write. ``fenced``: the token was stale and nothing changed
+    (a fenced commit's receipt was kept as a late receipt)."""
+
+    ok: bool
+    state: str
+    token: int
+
+    @property
+    def fenced(self) -> bool:
+        return not self.ok
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> Write:
+        return cls(reply[0] == "ok", str(reply[1]), int(reply[2]))
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A record the reconciler now holds as RECONCILING under ``token``."""
+
+    key: str
+    token: int
+    generation: int
+    tool: str
+    request: dict[str, Any] | None
+    attempts: int
+    created_ms: int
+    late_receipts: list[Any]
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.key, self.generation)
+
+
+@dataclass(frozen=True)
+class Transition:
+    state: str
+    token: int
+    at_ms: int
+    note: str
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    """A full ledger record, as ``effectq inspect`` shows it."""
+
+    key: str
+    state: State
+    token: int
+    fingerprint: str
+    generation: int
+    tool: str
+    attempts: int
+    created_ms: int
+    lease_deadline_ms: int | None
+    holder: str | None
+    request: dict[str, Any] | None
+    receipt: dict[str, Any] | None
+    raw_response: str | None
+    late_receipts: list[dict[str, Any]] = field(default_factory=list)
+    history: list[Transition] = field(default_factory=list)
+    ttl_ms: int | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.key, self.generation)
+
+    @property
+    def reason(self) -> str:
+        """The note of the latest transition: why it is in its state."""
+        return self.history[-1].note if self.history else ""
+
+    @classmethod
+    def from_blob(cls, key: str, blob: str, ttl_ms: int | None = None) -> EffectRecord:
+        d = json.loads(blob)
+        receipt_text = d.get("r")
+        late = d.get("lr") or []
+        return cls(
+            key=key,
+            state=State(d["s"]),
+            token=int(d["t"]),
+            fingerprint=d["f"],
+            generation=int(d["g"]),
+            tool=d["tool"],
+            attempts=int(d.get("n", 0)),
+            created_ms=int(d.get("c", 0)),
+            lease_deadline_ms=int(d["d"]) if "d" in d else None,
+            holder=d.get("h"),
+            request=_json_or_none(d.get("q")),
+            receipt=_json_or_none(receipt_text),
+            # Absent ``raw`` means the provider's raw response was the receipt itself.
+            raw_response=d.get("raw", receipt_text),
+            late_receipts=[
+                {"token": int(t), "receipt": _json_or_none(r), "at_ms": int(ms)}
+                for t, r, ms in (late if isinstance(late, list) else [])
+            ],
+            history=[Transition(s, int(t), int(ms), note) for s, t, ms, note in d.get("y", [])],
+            ttl_ms=ttl_ms if ttl_ms is not None and ttl_ms >= 0 else None,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "state": self.state.value,
+            "token": self.token,
+            "generation": self.generation,
+            "idempotency_key": self.idempotency_key,
+            "tool": self.tool,
+            "fingerprint": self.fingerprint,
+            "attempts": self.attempts,
+            "created_ms": self.created_ms,
+            "lease_deadline_ms": self.lease_deadline_ms,
+            "holder": self.holder,
+            "request": self.request,
+            "receipt": self.receipt,
+            "raw_response": self.raw_response,
+            "late_receipts": self.late_receipts,
+            "history": [t.__dict__ for t in self.history],
+            "reason": self.reason,
+            "ttl_ms": self.ttl_ms,
+        }

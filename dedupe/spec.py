@@ -1,0 +1,100 @@
+"""A tool's spec: what names its effect, what the effect carries, how long things last.
+
+Plain data (no Dramatiq), so the reconciler and operators read the same declaration the
+workers run. ``workers.effect_tool`` builds one from its decorator arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import SpecError
+from .normalize import Normalizer, resolve_normalizer
+
+__all__ = ["Found", "Lookup", "LookupResult", "NotFound", "ToolSpec", "Unavailable"]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Found:
+    """The provider has the effect: its receipt (parsed) and raw response (as sent)."""
+
+    receipt: dict[str, Any]
+    raw: str | None = None
+
+
+@dataclass(frozen=True)
+class NotFound:
+    """The provider has no record. Only an authoritative answer may ever mean "not executed"."""
+
+    authoritative: bool = True
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    reason: str
+
+
+LookupResult = Found | NotFound | Unavailable
+
+
+@runtime_checkable
+class Lookup(Protocol):
+    """Asks the provider what really happened to an effect (DESIGN §4)."""
+
+    def lookup(self, idempotency_key: str, token: int | None = None) -> LookupResult: ...
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """Declaration of one side-effecting tool.
+
+    ``identity`` fields resolve the target and enter the key (with tool, action, scope and
+    generation); ``bound`` fields are effect-bearing and enter the fingerprint; ``free``
+    fields (generated text) enter neither. A field may be both identity and bound.
+    """
+
+    name: str
+    identity: tuple[str, ...]
+    bound: tuple[str, ...] = ()
+    free: tuple[str, ...] = ()
+    action: str = "default"
+    normalizers: Mapping[str, Any] = field(default_factory=dict)
+    lease_s: float = 30.0
+    provider_window_s: float = DAY
+    retention_s: float = 7 * DAY
+    settle_s: float = 5.0
+    lookup: Lookup | None = None
+
+    def __post_init__(self) -> None:
+        for label, value in (("tool name", self.name), ("action", self.action)):
+            if not _NAME.match(value):
+                raise SpecError(f"{label} {value!r} must match {_NAME.pattern}", tool=self.name)
+        declared = (*self.identity, *self.bound, *self.free)
+        if overlap := set(self.free) & (set(self.identity) | set(self.bound)):
+            raise SpecError(f"free fields also declared effect-bearing: {sorted(overlap)}")
+        if "scope" in declared:
+            raise SpecError("'scope' is given separately, not as an argument", tool=self.name)
+        if unknown := set(self.normalizers) - set(declared):
+            raise SpecError(f"normalizers for undeclared fields: {sorted(unknown)}")
+        for value in self.normalizers.values():
+            resolve_normalizer(value)
+        if not self.lease_s > 0 or not self.provider_window_s > 0 or not self.settle_s >= 0:
+            raise SpecError("lease, provider window and settle window must be positive")
+        # A DONE record that vanishes before the provider forgets the key would let a late
+        # redelivery run again under a key the provider no longer deduplicates.
+        if self.retention_s < self.provider_window_s:
+            raise SpecError("retention_s must not be shorter than provider_window_s")
+
+    @property
+    def fields(self) -> frozenset[str]:
+        return frozenset((*self.identity, *self.bound, *self.free))
+
+    def normalizer(self, name: str) -> Normalizer | None:
+        value = self.normalizers.get(name)
+        return None if value is None else resolve_normalizer(value)

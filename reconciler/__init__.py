@@ -1,0 +1,1 @@
+"""The reconciler: resolves expired claims against provider lookups; operator actions."""

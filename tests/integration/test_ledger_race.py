@@ -1,0 +1,68 @@
+"""Many OS processes (and threads) racing one key: exactly one claim is granted."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dedupe import Ledger
+from tests.support.ledgers import charge
+from tests.support.redis_server import RedisServer
+
+ROUNDS = 20
+
+
+@pytest.fixture(scope="module")
+def server(redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(redis_binary, tmp_path_factory.mktemp("race")) as srv:
+        yield srv
+
+
+def _racer(url: str, namespace: str, threads: int, barrier: Any, out: Any) -> None:
+    ledger = Ledger.from_url(url, namespace=namespace)
+    for round_no in range(ROUNDS):
+        effect = charge(f"race-{round_no}")
+
+        def one(effect: Any = effect, round_no: int = round_no) -> None:
+            barrier.wait(timeout=30)
+            out.put((round_no, ledger.claim(effect, lease_s=30, holder="racer").outcome.value))
+
+        pool = [threading.Thread(target=one) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+
+
+@pytest.mark.parametrize(("processes", "threads"), [(50, 1), (2, 8)], ids=["50x1", "2x8"])
+def test_racing_claims_grant_exactly_one(server: RedisServer, processes: int, threads: int) -> None:
+    namespace = f"race{processes}x{threads}"
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(processes * threads)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_racer, args=(server.url, namespace, threads, barrier, out))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Counter[str]] = {r: Counter() for r in range(ROUNDS)}
+    for _ in range(ROUNDS * processes * threads):
+        round_no, outcome = out.get(timeout=60)
+        results[round_no][outcome] += 1
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    contenders = processes * threads
+    ledger = Ledger.from_url(server.url, namespace=namespace)
+    for round_no, counts in results.items():
+        assert counts == Counter(acquired=1, in_flight=contenders - 1), (round_no, counts)
+        record = ledger.get(charge(f"race-{round_no}").key)
+        assert record is not None and record.token == 1 and record.attempts == 1
+    bucket_keys = ledger.client.keys(f"{{{namespace}:*}}:r:*")
+    assert len(bucket_keys) == ROUNDS  # one record per raced key, nothing else

@@ -1,0 +1,453 @@
+"""The ledger's state table (DESIGN §2), transition by transition, on real redis-server
+processes: the machine's own Redis 7 and the embedded Redis 6.2."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from dedupe import (
+    ClaimOutcome,
+    Effect,
+    Ledger,
+    RecordTooLargeError,
+    State,
+    TransitionRefusedError,
+    VolatileLedgerError,
+)
+from tests.support.ledgers import RETENTION_S, charge, fresh_ledger, poll
+from tests.support.redis_server import RedisServer
+
+RECEIPT = {"id": "eff_1", "status": "charged"}
+
+
+@pytest.fixture(scope="module")
+def server(redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(redis_binary, tmp_path_factory.mktemp("ledger")) as srv:
+        yield srv
+
+
+@pytest.fixture
+def ledger(server: RedisServer) -> Ledger:
+    return fresh_ledger(server.url)
+
+
+def claimed(ledger: Ledger, effect: Effect, lease_s: float = 30.0) -> int:
+    result = ledger.claim(effect, lease_s=lease_s, holder="test/1")
+    assert result.outcome is ClaimOutcome.ACQUIRED, result
+    return result.token
+
+
+def expired(ledger: Ledger, effect: Effect) -> int:
+    """A CLAIMED record whose lease has run out (waited for on the server's clock)."""
+    token = claimed(ledger, effect, lease_s=0.05)
+    poll(lambda: ledger.claim(effect, lease_s=1, holder="probe"), lambda c: c.outcome == "blocked")
+    return token
+
+
+def reconciling(ledger: Ledger, effect: Effect, lease_s: float = 30.0) -> int:
+    expired(ledger, effect)
+    takeover = ledger.takeover(effect.key, lease_s=lease_s, holder="reconciler/1")
+    assert takeover is not None
+    return takeover.token
+
+
+def done(ledger: Ledger, effect: Effect) -> int:
+    token = claimed(ledger, effect)
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=RETENTION_S).ok
+    return token
+
+
+def unknown(ledger: Ledger, effect: Effect) -> int:
+    token = reconciling(ledger, effect)
+    assert ledger.mark_unknown(effect.key, token, reason="lookup unavailable").ok
+    return token
+
+
+def state(ledger: Ledger, effect: Effect) -> State:
+    record = ledger.get(effect.key)
+    assert record is not None
+    return record.state
+
+
+# -- no record ------------------------------------------------------------------------------
+
+
+def test_first_claim_is_acquired_with_token_one(ledger: Ledger) -> None:
+    effect = charge()
+    result = ledger.claim(effect, lease_s=30, holder="w/1")
+    assert (result.outcome, result.token, result.generation) == ("acquired", 1, 0)
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.CLAIMED
+    assert record.holder == "w/1" and record.request == {
+        "scope": effect.scope,
+        "args": dict(effect.args),
+    }
+
+
+def test_writes_to_a_missing_record_are_fenced(ledger: Ledger) -> None:
+    key = charge().key
+    assert ledger.heartbeat(key, 1, lease_s=1).fenced
+    assert ledger.commit(key, 1, RECEIPT, retention_s=RETENTION_S).fenced
+    assert ledger.get(key) is None
+
+
+# -- CLAIMED ------------------------------------------------------------------------------
+
+
+def test_claimed_with_live_lease_answers_in_flight(ledger: Ledger) -> None:
+    effect = charge()
+    claimed(ledger, effect)
+    assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.IN_FLIGHT
+
+
+def test_claimed_with_other_bound_fields_answers_conflict(ledger: Ledger) -> None:
+    effect = charge("order-1")
+    claimed(ledger, effect)
+    other = charge("order-1", amount="99.00")
+    assert ledger.claim(other, lease_s=30, holder="w/2").outcome is ClaimOutcome.CONFLICT
+
+
+def test_claimed_heartbeat_extends_the_lease(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect, lease_s=1)
+    before = ledger.get(effect.key)
+    assert ledger.heartbeat(effect.key, token, lease_s=60).ok
+    after = ledger.get(effect.key)
+    assert before and after and after.lease_deadline_ms > before.lease_deadline_ms  # type: ignore[operator]
+
+
+def test_claimed_commit_makes_done_with_receipt_and_retention(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    assert ledger.commit(effect.key, token, RECEIPT, raw='{"id": "eff_1"}', retention_s=3600).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.DONE
+    assert record.receipt == RECEIPT and record.raw_response == '{"id": "eff_1"}'
+    assert record.ttl_ms is not None and 3_500_000 < record.ttl_ms <= 3_600_000
+    assert record.lease_deadline_ms is None and record.holder is None
+
+
+def test_claimed_fail_makes_failed_and_frees_the_key(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    assert ledger.fail(effect.key, token, reason="card declined", retention_s=3600).ok
+    assert state(ledger, effect) is State.FAILED
+    again = ledger.claim(effect, lease_s=30, holder="w/2")
+    assert (again.outcome, again.token, again.generation) == ("acquired", token + 1, 0)
+
+
+def test_claimed_handover_expires_the_lease_at_once(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    assert ledger.handover(effect.key, token, reason="timeout after send").ok
+    assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.BLOCKED
+    bucket = ledger.bucket_of(effect.key)
+    assert effect.key in ledger.expired(bucket)
+    assert ledger.takeover(effect.key, lease_s=30, holder="r/1") is not None
+
+
+def test_claimed_with_live_lease_cannot_be_taken_over(ledger: Ledger) -> None:
+    effect = charge()
+    claimed(ledger, effect)
+    assert ledger.takeover(effect.key, lease_s=30, holder="r/1") is None
+    assert state(ledger, effect) is State.CLAIMED
+
+
+def test_claimed_cannot_be_marked_unknown_or_operated(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    assert ledger.mark_unknown(effect.key, token, reason="x").fenced
+    for action in ("resolve_done", "resolve_failed", "revoke", "supersede"):
+        with pytest.raises(TransitionRefusedError, match="effect is CLAIMED"):
+            ledger.operate(effect.key, action, note="op", retention_s=60, receipt=RECEIPT)
+
+
+def test_claimed_writes_under_a_wrong_token_are_fenced(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    assert ledger.heartbeat(effect.key, token + 1, lease_s=1).fenced
+    assert ledger.fail(effect.key, token - 1, reason="x", retention_s=60).fenced
+    assert ledger.handover(effect.key, token + 5, reason="x").fenced
+    assert state(ledger, effect) is State.CLAIMED
+
+
+# -- CLAIMED, lease expired -------------------------------------------------------------------
+
+
+def test_expired_claim_is_blocked_never_acquired(ledger: Ledger) -> None:
+    effect = charge()
+    expired(ledger, effect)
+    for _ in range(5):
+        assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.BLOCKED
+    assert state(ledger, effect) is State.CLAIMED
+
+
+def test_expired_claim_taken_over_becomes_reconciling_under_a_new_token(ledger: Ledger) -> None:
+    effect = charge()
+    old = expired(ledger, effect)
+    takeover = ledger.takeover(effect.key, lease_s=30, holder="r/1")
+    assert takeover is not None and takeover.token == old + 1
+    assert takeover.request == {"scope": effect.scope, "args": dict(effect.args)}
+    assert state(ledger, effect) is State.RECONCILING
+
+
+def test_live_holder_may_heartbeat_an_expired_claim_not_yet_taken_over(ledger: Ledger) -> None:
+    effect = charge()
+    token = expired(ledger, effect)
+    assert ledger.heartbeat(effect.key, token, lease_s=30).ok
+    assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.IN_FLIGHT
+
+
+# -- RECONCILING ----------------------------------------------------------------------------
+
+
+def test_reconciling_answers_in_flight(ledger: Ledger) -> None:
+    effect = charge()
+    reconciling(ledger, effect)
+    assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.IN_FLIGHT
+
+
+def test_stale_holder_commit_is_fenced_and_kept_as_late_receipt(ledger: Ledger) -> None:
+    effect = charge()
+    old = claimed(ledger, effect, lease_s=0.05)
+    poll(lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None)
+    assert ledger.heartbeat(effect.key, old, lease_s=30).fenced
+    late = {"id": "eff_late", "status": "charged"}
+    assert ledger.commit(effect.key, old, late, retention_s=RETENTION_S).fenced
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.RECONCILING
+    assert [r["receipt"] for r in record.late_receipts] == [late]
+    assert record.late_receipts[0]["token"] == old
+    assert ledger.counts()[("fenced", "commit")] == 1
+
+
+def test_reconciler_commit_makes_done(ledger: Ledger) -> None:
+    effect = charge()
+    token = reconciling(ledger, effect)
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=60, note="found").ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.DONE and record.reason == "found"
+
+
+def test_reconciler_fail_makes_failed(ledger: Ledger) -> None:
+    effect = charge()
+    token = reconciling(ledger, effect)
+    assert ledger.fail(effect.key, token, reason="not found after settle", retention_s=60).ok
+    assert state(ledger, effect) is State.FAILED
+
+
+def test_reconciler_defers_by_heartbeat_and_others_cannot_take_over(ledger: Ledger) -> None:
+    effect = charge()
+    token = reconciling(ledger, effect, lease_s=0.05)
+    assert ledger.heartbeat(effect.key, token, lease_s=30).ok
+    assert ledger.takeover(effect.key, lease_s=30, holder="r/2") is None
+
+
+def test_dead_reconcilers_claim_is_taken_over_again(ledger: Ledger) -> None:
+    effect = charge()
+    token = reconciling(ledger, effect, lease_s=0.05)
+    second = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/2"), lambda t: t is not None
+    )
+    assert second is not None and second.token == token + 1
+    assert ledger.mark_unknown(effect.key, token, reason="late").fenced
+
+
+def test_reconciling_to_unknown(ledger: Ledger) -> None:
+    effect = charge()
+    token = reconciling(ledger, effect)
+    assert ledger.mark_unknown(effect.key, token, reason="no lookup").ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.UNKNOWN and record.reason == "no lookup"
+    assert record.ttl_ms is None
+
+
+# -- DONE ---------------------------------------------------------------------------------
+
+
+def test_done_answers_duplicate_with_the_stored_receipt(ledger: Ledger) -> None:
+    effect = charge()
+    done(ledger, effect)
+    result = ledger.claim(effect, lease_s=30, holder="w/2")
+    assert result.outcome is ClaimOutcome.DUPLICATE and result.receipt == RECEIPT
+
+
+def test_done_with_other_bound_fields_answers_conflict(ledger: Ledger) -> None:
+    effect = charge("order-5")
+    done(ledger, effect)
+    other = charge("order-5", amount="11.00")
+    assert ledger.claim(other, lease_s=30, holder="w/2").outcome is ClaimOutcome.CONFLICT
+
+
+def test_done_commit_retry_is_idempotent_and_other_writes_fenced(ledger: Ledger) -> None:
+    effect = charge()
+    token = done(ledger, effect)
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=60).ok
+    assert ledger.fail(effect.key, token, reason="x", retention_s=60).fenced
+    assert ledger.heartbeat(effect.key, token, lease_s=1).fenced
+    assert ledger.handover(effect.key, token, reason="x").fenced
+    assert ledger.takeover(effect.key, lease_s=1, holder="r") is None
+    with pytest.raises(TransitionRefusedError, match="effect is DONE"):
+        ledger.operate(effect.key, "resolve_done", note="x", retention_s=60, receipt=RECEIPT)
+    assert state(ledger, effect) is State.DONE
+
+
+@pytest.mark.parametrize(("action", "end"), [("revoke", "REVOKED"), ("supersede", "SUPERSEDED")])
+def test_done_revoked_or_superseded_opens_the_next_generation(
+    ledger: Ledger, action: str, end: str
+) -> None:
+    effect = charge()
+    token = done(ledger, effect)
+    write = ledger.operate(effect.key, action, note="actor=ops reason=refund", retention_s=60)
+    assert write.ok and write.state == end and write.token == token + 1
+    again = ledger.claim(effect, lease_s=30, holder="w/2")
+    assert (again.outcome, again.generation, again.token) == ("acquired", 1, token + 2)
+    assert again.idempotency_key != effect.key
+    record = ledger.get(effect.key)
+    assert record is not None
+    assert [h.state for h in record.history] == ["CLAIMED", "DONE", end, "CLAIMED"]
+
+
+def test_token_sequence_strictly_increases_across_generations(ledger: Ledger) -> None:
+    effect = charge()
+    for _ in range(3):
+        token = claimed(ledger, effect)
+        assert ledger.fail(effect.key, token, reason="declined", retention_s=60).ok
+    token = done(ledger, effect)
+    ledger.operate(effect.key, "revoke", note="r", retention_s=60)
+    token = done(ledger, effect)
+    record = ledger.get(effect.key)
+    assert record is not None and record.generation == 1
+    tokens = [h.token for h in record.history]
+    assert tokens == sorted(tokens) and set(tokens) == set(range(1, token + 1))
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(tokens))
+
+
+# -- FAILED -------------------------------------------------------------------------------
+
+
+def test_failed_does_not_hold_the_key_even_for_other_bound_fields(ledger: Ledger) -> None:
+    effect = charge("order-7")
+    token = claimed(ledger, effect)
+    ledger.fail(effect.key, token, reason="declined", retention_s=60)
+    changed = charge("order-7", amount="5.00")
+    result = ledger.claim(changed, lease_s=30, holder="w/2")
+    assert result.outcome is ClaimOutcome.ACQUIRED and result.generation == 0
+    record = ledger.get(effect.key)
+    assert record is not None and record.fingerprint == changed.fingerprint
+    assert record.ttl_ms is None  # back in CLAIMED: never expires
+
+
+# -- UNKNOWN ------------------------------------------------------------------------------
+
+
+def test_unknown_blocks_every_claim(ledger: Ledger) -> None:
+    effect = charge("order-8")
+    unknown(ledger, effect)
+    assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.BLOCKED
+    other = charge("order-8", amount="1.00")
+    assert ledger.claim(other, lease_s=30, holder="w/2").outcome is ClaimOutcome.CONFLICT
+    with pytest.raises(TransitionRefusedError, match="effect is UNKNOWN"):
+        ledger.operate(effect.key, "revoke", note="x", retention_s=60)
+
+
+def test_unknown_resolved_as_executed_becomes_done_with_the_evidence(ledger: Ledger) -> None:
+    effect = charge()
+    token = unknown(ledger, effect)
+    evidence = {"id": "eff_found_by_hand"}
+    write = ledger.operate(
+        effect.key, "resolve_done", note="actor=sre reason=dashboard", retention_s=60,
+        receipt=evidence,
+    )  # fmt: skip
+    assert write.ok and write.token == token + 1
+    assert ledger.claim(effect, lease_s=30, holder="w").receipt == evidence
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=60).fenced
+
+
+def test_unknown_resolved_as_not_executed_frees_the_key(ledger: Ledger) -> None:
+    effect = charge()
+    unknown(ledger, effect)
+    ledger.operate(effect.key, "resolve_failed", note="actor=sre reason=bank", retention_s=60)
+    assert state(ledger, effect) is State.FAILED
+    assert ledger.claim(effect, lease_s=30, holder="w").outcome is ClaimOutcome.ACQUIRED
+
+
+# -- bookkeeping, bounds, durability ------------------------------------------------------
+
+
+def test_counts_follow_the_never_expiring_states(ledger: Ledger) -> None:
+    a, b, c = charge(), charge(), charge()
+    claimed(ledger, a)
+    reconciling(ledger, b)
+    unknown(ledger, c)
+    counts = ledger.counts()
+    assert counts[("CLAIMED", "charge")] == 1
+    assert counts[("RECONCILING", "charge")] == 1
+    assert counts[("UNKNOWN", "charge")] == 1
+
+
+def test_lease_index_holds_only_live_claims(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    bucket = ledger.bucket_of(effect.key)
+    leases = ledger.client.zrange(f"{{{ledger.namespace}:{bucket}}}:leases", 0, -1)
+    assert leases == [effect.key]
+    ledger.commit(effect.key, token, RECEIPT, retention_s=60)
+    assert ledger.client.zcard(f"{{{ledger.namespace}:{bucket}}}:leases") == 0
+
+
+def test_oversized_receipt_is_refused_not_truncated(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    with pytest.raises(RecordTooLargeError, match=r"receipt is .* bytes, over the 16384"):
+        ledger.commit(effect.key, token, {"blob": "x" * 20_000}, retention_s=60)
+    with pytest.raises(RecordTooLargeError, match="raw response"):
+        ledger.commit(effect.key, token, RECEIPT, raw="y" * 70_000, retention_s=60)
+    assert state(ledger, effect) is State.CLAIMED
+
+
+def test_script_cache_flush_is_harmless(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    ledger.client.script_flush()
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=60).ok
+
+
+def test_keys_of_one_effect_share_one_hash_slot(ledger: Ledger) -> None:
+    from redis.crc import key_slot
+
+    keys = ledger._keys(charge().key)
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def test_ledger_refuses_redis_without_aof(
+    redis_binary: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EFFECTQ_ALLOW_VOLATILE_LEDGER", raising=False)
+    with RedisServer(redis_binary, tmp_path, aof=False) as volatile:
+        with pytest.raises(VolatileLedgerError, match="no AOF persistence"):
+            Ledger.from_url(volatile.url)
+        Ledger.from_url(volatile.url, allow_volatile=True)
+        monkeypatch.setenv("EFFECTQ_ALLOW_VOLATILE_LEDGER", "true")
+        Ledger.from_url(volatile.url)
+
+
+def test_ledger_is_unavailable_not_permissive_when_redis_is_gone(
+    redis_binary: str, tmp_path: Path
+) -> None:
+    from dedupe import LedgerUnavailableError
+
+    with RedisServer(redis_binary, tmp_path) as srv:
+        ledger = Ledger(srv.client(decode_responses=True))
+    with pytest.raises(LedgerUnavailableError):
+        ledger.claim(charge(), lease_s=30, holder="w")
+
+
+def test_namespace_is_validated() -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        Ledger(redis.Redis(), namespace="a{b}", allow_volatile=True)

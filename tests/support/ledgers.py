@@ -1,0 +1,43 @@
+"""Helpers for tests that drive the ledger directly: specs, effects, and polling."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from dedupe import Effect, Ledger, ToolSpec, derive
+
+T = TypeVar("T")
+
+CHARGE = ToolSpec(
+    name="charge",
+    identity=("customer",),
+    bound=("customer", "amount", "currency"),
+    normalizers={"customer": "id", "amount": "money", "currency": "upper"},
+)
+RETENTION_S = 7 * 86400.0
+
+
+def charge(scope: str | None = None, amount: str = "10.00", customer: str = "cus_1") -> Effect:
+    """A charge effect; a fresh scope (so a fresh key) unless one is given."""
+    scope = scope or f"order-{uuid.uuid4().hex[:12]}"
+    return derive(CHARGE, scope, {"customer": customer, "amount": amount, "currency": "usd"})
+
+
+def fresh_ledger(url: str, **kwargs: Any) -> Ledger:
+    """A ledger in its own namespace, so tests sharing one server never see each other."""
+    return Ledger.from_url(url, namespace=f"t{uuid.uuid4().hex[:10]}", **kwargs)
+
+
+def poll(fn: Callable[[], T], until: Callable[[T], bool], *, timeout: float = 10.0) -> T:
+    """Call ``fn`` until ``until(result)``; fail with the last result after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = fn()
+        if until(result):
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s; last result: {result!r}")
+        time.sleep(0.01)

@@ -1,0 +1,1 @@
+"""Dramatiq integration: tool declaration, producer API, middleware, CLI, sandbox provider."""
