@@ -10,8 +10,10 @@ from .errors import (
     LedgerUnavailableError,
     MessageError,
     MissingFieldError,
+    NotExecutedError,
     ProviderError,
     RecordTooLargeError,
+    RejectedError,
     SpecError,
     TransitionRefusedError,
     ValueTooLargeError,
@@ -19,7 +21,17 @@ from .errors import (
 )
 from .identity import Effect, derive, idempotency_key
 from .ledger import Ledger
-from .records import Claim, ClaimOutcome, EffectRecord, State, Takeover, Transition, Write
+from .records import (
+    Claim,
+    ClaimOutcome,
+    EffectRecord,
+    State,
+    Submission,
+    SubmitStatus,
+    Takeover,
+    Transition,
+    Write,
+)
 from .spec import Found, Lookup, LookupResult, NotFound, ToolSpec, Unavailable
 
 __all__ = [
@@ -39,11 +51,15 @@ __all__ = [
     "LookupResult",
     "MessageError",
     "MissingFieldError",
+    "NotExecutedError",
     "NotFound",
     "ProviderError",
     "RecordTooLargeError",
+    "RejectedError",
     "SpecError",
     "State",
+    "Submission",
+    "SubmitStatus",
     "Takeover",
     "ToolSpec",
     "Transition",

@@ -15,7 +15,9 @@
     │   └── TransitionRefusedError    the state table forbids this transition (carries state)
     ├── MessageError              a queue message is malformed: dead-letter it, never execute
     ├── ConflictError             same effect key, different bound fields
-    └── ProviderError             the provider's answer (see ``workers`` / ``reconciler``)
+    └── ProviderError             what a tool's provider call established
+        └── NotExecutedError          definitely not executed (refused before acting): retry
+            └── RejectedError         not executed and never will be (4xx): dead-letter
 
 Errors carry the effect key and state, never a raw recipient.
 """
@@ -33,8 +35,10 @@ __all__ = [
     "LedgerUnavailableError",
     "MessageError",
     "MissingFieldError",
+    "NotExecutedError",
     "ProviderError",
     "RecordTooLargeError",
+    "RejectedError",
     "SpecError",
     "TransitionRefusedError",
     "ValueTooLargeError",
@@ -111,3 +115,12 @@ class ConflictError(EffectqError):
 
 class ProviderError(EffectqError):
     pass
+
+
+class NotExecutedError(ProviderError):
+    """Raised by a tool when the provider certainly did not act (connection refused, a
+    documented pre-execution 503). The ledger records FAILED and the message is retried."""
+
+
+class RejectedError(NotExecutedError):
+    """The provider refused the request outright; retrying cannot help."""

@@ -9,8 +9,12 @@
 --                              CLAIMED / RECONCILING record in the bucket; the reconciler
 --                              scans only this, never the keyspace
 --   KEYS[3]  stats    hash:   "<STATE>:<tool>" -> number of records in CLAIMED, RECONCILING,
---                              UNKNOWN (the states that never expire); "fenced:<op>" -> count
---                              of stale writes refused
+--                              UNKNOWN (the states that never expire); counters
+--                              "fenced:<op>" (stale writes refused), "dup_submit:<tool>",
+--                              "dup_claim:<tool>" (duplicates suppressed at each stage),
+--                              "conflict:<tool>"
+--   KEYS[4]  pending  string: id of a live broker message for this effect (producer-side
+--                              dedupe before the broker); expires by itself, cleared on DONE
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields (short names keep a DONE record small):
@@ -78,6 +82,10 @@ local function fenced(name)
   return {'fenced', 'ABSENT', 0}
 end
 
+local function bump(name, tool)
+  redis.call('HINCRBY', KEYS[3], name .. ':' .. tool, 1)
+end
+
 local function refused()
   if rec then return {'refused', rec.s, rec.t} end
   return {'refused', 'ABSENT', 0}
@@ -108,8 +116,14 @@ local function claim()
     save(0)
     return {'acquired', rec.t, rec.g}
   end
-  if rec.f ~= fp then return {'conflict', s, rec.t} end
-  if s == 'DONE' then return {'duplicate', rec.t, rec.g, rec.r} end
+  if rec.f ~= fp then
+    bump('conflict', tool)
+    return {'conflict', s, rec.t}
+  end
+  if s == 'DONE' then
+    bump('dup_claim', tool)
+    return {'duplicate', rec.t, rec.g, rec.r}
+  end
   if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
     return {'in_flight', s, rec.t}
   end
@@ -150,6 +164,7 @@ local function commit()
   if raw ~= '' then rec.raw = raw end
   move('DONE', token, ARGV[7], nil)
   save(retention_ms)
+  redis.call('DEL', KEYS[4])
   return {'ok', 'DONE', token}
 end
 
@@ -230,8 +245,38 @@ local function operate()
   return {'ok', rule.to, rec.t}
 end
 
+-- submit(fingerprint, tool, pending_ms, message_id): may the producer enqueue a message?
+-- Reads the record, writes only the pending marker and counters: not a state transition.
+--   DONE, same fingerprint                        => done(receipt)
+--   fingerprint differs (and the key is held)     => conflict
+--   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
+--   CLAIMED with an expired lease, UNKNOWN        => blocked (awaiting reconciliation/operator)
+--   none | FAILED | REVOKED | SUPERSEDED: a live pending marker => pending, else => enqueue
+local function submit()
+  local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+  local s = rec and rec.s
+  local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
+  if not free then
+    if rec.f ~= fp then
+      bump('conflict', tool)
+      return {'conflict', s, rec.t}
+    end
+    bump('dup_submit', tool)
+    if s == 'DONE' then return {'done', s, rec.t, rec.r} end
+    if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
+      return {'pending', s, rec.t}
+    end
+    return {'blocked', s, rec.t}
+  end
+  if redis.call('SET', KEYS[4], message_id, 'NX', 'PX', pending_ms) then
+    return {'enqueue', s or 'ABSENT', rec and rec.t or 0}
+  end
+  bump('dup_submit', tool)
+  return {'pending', s or 'ABSENT', rec and rec.t or 0}
+end
+
 local OPS = {
-  claim = claim, heartbeat = heartbeat, commit = commit, fail = fail,
+  submit = submit, claim = claim, heartbeat = heartbeat, commit = commit, fail = fail,
   handover = handover, takeover = takeover, unknown = unknown, operate = operate,
 }
 local fn = OPS[op]

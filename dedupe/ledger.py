@@ -25,7 +25,7 @@ from .errors import (
     VolatileLedgerError,
 )
 from .identity import Effect
-from .records import Claim, EffectRecord, Takeover, Write
+from .records import Claim, EffectRecord, Submission, Takeover, Write
 
 __all__ = ["DEFAULT_BUCKETS", "Ledger"]
 
@@ -118,7 +118,7 @@ class Ledger:
 
     def _keys(self, key: str) -> list[str]:
         tag = self._tag(self.bucket_of(key))
-        return [f"{tag}:r:{key}", f"{tag}:leases", f"{tag}:stats"]
+        return [f"{tag}:r:{key}", f"{tag}:leases", f"{tag}:stats", f"{tag}:p:{key}"]
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -170,6 +170,42 @@ class Ledger:
                 f"{what} is {size} bytes, over the {limit}-byte bound", key=key, size=size
             )
         return text
+
+    # -- producer ---------------------------------------------------------------------
+
+    def submit(self, effect: Effect, *, message_id: str, pending_s: float) -> Submission:
+        """Decide whether a producer may enqueue ``effect``; on "enqueue" a pending marker
+        (``message_id``, expiring after ``pending_s``) now stands for the message."""
+        reply = self._call(
+            "submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s), message_id
+        )
+        return Submission.from_reply(effect.key, reply)
+
+    def clear_pending(self, key: str) -> None:
+        """Forget the pending marker: its message was dead-lettered or never enqueued."""
+        try:
+            self.client.delete(self._keys(key)[3])
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
+
+    def dead_letter(self, *, message_id: str, tool: str, key: str | None, reason: str) -> None:
+        """Record why a message was dead-lettered (the broker keeps the message itself)."""
+        fields = {"message_id": message_id, "tool": tool, "key": key or "", "reason": reason[:1000]}
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(f"{self.namespace}:deadletters", fields, maxlen=100_000, approximate=True)  # type: ignore[arg-type]
+            if key:
+                pipe.delete(self._keys(key)[3])
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
+        """The most recent dead-letter records, newest first."""
+        entries: list[tuple[str, dict[str, str]]] = self.client.xrevrange(  # type: ignore[assignment]
+            f"{self.namespace}:deadletters", count=count
+        )
+        return [{"id": entry_id, **fields} for entry_id, fields in entries]
 
     # -- worker transitions -----------------------------------------------------------
 

@@ -12,7 +12,17 @@ from typing import Any
 
 from .identity import idempotency_key
 
-__all__ = ["Claim", "ClaimOutcome", "EffectRecord", "State", "Takeover", "Transition", "Write"]
+__all__ = [
+    "Claim",
+    "ClaimOutcome",
+    "EffectRecord",
+    "State",
+    "Submission",
+    "SubmitStatus",
+    "Takeover",
+    "Transition",
+    "Write",
+]
 
 
 class State(StrEnum):
@@ -66,6 +76,30 @@ class Claim:
             receipt = _json_or_none(reply[3])
             return cls(outcome, key, int(reply[1]), int(reply[2]), State.DONE, receipt)
         return cls(outcome, key, int(reply[2]), state=State(reply[1]))
+
+
+class SubmitStatus(StrEnum):
+    ENQUEUE = "enqueue"
+    DONE = "done"
+    CONFLICT = "conflict"
+    PENDING = "pending"
+    BLOCKED = "blocked"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The ledger's answer to a producer: enqueue, or why not (with the receipt if done)."""
+
+    status: SubmitStatus
+    key: str
+    state: str
+    token: int
+    receipt: dict[str, Any] | None = None
+
+    @classmethod
+    def from_reply(cls, key: str, reply: list[Any]) -> Submission:
+        receipt = _json_or_none(reply[3]) if len(reply) > 3 else None
+        return cls(SubmitStatus(reply[0]), key, str(reply[1]), int(reply[2]), receipt)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,523 @@
+"""The sandbox provider: a real HTTP service that executes "effects" and counts them.
+
+It stands in for an e-mail or payment API in the demo, the tests and the benchmarks
+(DESIGN.md §5). ``GET /v1/stats`` is the ground truth the invariants are checked against:
+how many times each idempotency key was really executed.
+
+Endpoints::
+
+    POST /v1/effects            Idempotency-Key (required), Fencing-Token (optional int)
+                                201 new receipt | 200 stored receipt (provider idempotency)
+                                400 bad header/body | 409 stale token | 413 body > 64 KiB
+                                503 injected failure (nothing executed)
+    GET  /v1/effects/{key}      200 latest visible receipt | 404 | 409 stale token
+                                501 lookup disabled
+    GET  /v1/stats              {"executions": {key: count}, "total": n}
+    GET|POST /v1/admin/config   read / change the fault switches (any subset of fields)
+    POST /v1/admin/reset        forget all effects, counts and tokens
+
+Fault switches (``SandboxConfig``): ``fail_rate`` answers 503 before executing;
+``drop_ack_rate`` executes and records the effect, then hangs up without a response.
+Under uvicorn the socket is closed before a single byte of the answer is written, so an
+httpx client sees ``httpx.RemoteProtocolError("Server disconnected without sending a
+response.")`` -- a transport error, never a status code. Under another ASGI server the
+app raises instead (that server answers 500 or closes). ``latency_ms`` delays every
+``/v1/effects`` request, ``lookup_lag_s`` hides new effects from lookups for that long,
+``lookup_enabled=False`` answers 501 to lookups, ``provider_idempotency=False`` executes
+every POST again, and ``seed`` makes the fault schedule replayable (reset re-seeds).
+
+With a state file every execution is appended as one JSON line (the receipt) and fsynced
+before it is acknowledged, and reloaded at start, so a SIGKILLed sandbox keeps its ground
+truth. Tokens seen only through lookups are not persisted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, TypedDict
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+MAX_BODY_BYTES = 64 * 1024
+_KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+_TOKEN_RE = re.compile(r"-?[0-9]{1,18}")
+# Internal marker from the POST handler to the outermost layer; never reaches the client.
+_DROP_HEADER = b"x-sandbox-drop-ack"
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Fault switches; every field can be changed at runtime via ``/v1/admin/config``."""
+
+    fail_rate: float = 0.0
+    drop_ack_rate: float = 0.0
+    latency_ms: float = 0.0
+    lookup_lag_s: float = 0.0
+    lookup_enabled: bool = True
+    provider_idempotency: bool = True
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("fail_rate", "drop_ack_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1")
+        for name in ("latency_ms", "lookup_lag_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+    def updated(self, changes: Mapping[str, object]) -> SandboxConfig:
+        """A copy with ``changes`` applied; ``ValueError`` names the first bad field."""
+        names = {f.name for f in fields(self)}
+        clean: dict[str, Any] = {}
+        for name, value in changes.items():
+            if name not in names:
+                raise ValueError(f"unknown config field {name!r}")
+            # bool is an int subclass, so it is ruled in or out explicitly.
+            if name == "seed":
+                ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+            elif isinstance(getattr(self, name), bool):
+                ok = isinstance(value, bool)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                value, ok = float(value), True
+            else:
+                ok = False
+            if not ok:
+                raise ValueError(f"bad value for {name}: {value!r}")
+            clean[name] = value
+        return replace(self, **clean)
+
+
+class Receipt(TypedDict):
+    id: str
+    key: str
+    token: int | None
+    body: dict[str, Any]
+    created_at: float
+
+
+class _Reject(Exception):
+    """Ends a request with a JSON error; raised from anywhere in a handler."""
+
+    def __init__(self, status: int, error: str, **extra: object) -> None:
+        super().__init__(error)
+        self.status = status
+        self.payload: dict[str, object] = {"error": error, **extra}
+
+
+class _Sandbox:
+    """The provider's state and handlers; one instance per app, one event loop."""
+
+    def __init__(self, config: SandboxConfig, state_file: Path | None) -> None:
+        self.config = config
+        self.state_file = state_file
+        self.rng = random.Random(config.seed)
+        self.lock = asyncio.Lock()
+        self.receipts: dict[str, list[Receipt]] = {}
+        self.executions: dict[str, int] = {}
+        self.highest: dict[str, int] = {}
+        if state_file is not None and state_file.exists():
+            self._reload(state_file)
+
+    def _reload(self, path: Path) -> None:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                receipt: Receipt = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by SIGKILL mid-write was never acknowledged
+            self._record(receipt)
+
+    def _record(self, receipt: Receipt) -> None:
+        key = receipt["key"]
+        self.receipts.setdefault(key, []).append(receipt)
+        self.executions[key] = self.executions.get(key, 0) + 1
+        if receipt["token"] is not None:
+            self.highest[key] = max(self.highest.get(key, receipt["token"]), receipt["token"])
+
+    def _persist(self, receipt: Receipt) -> None:
+        assert self.state_file is not None
+        with self.state_file.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(receipt) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _roll(self, rate: float) -> bool:
+        return rate > 0 and self.rng.random() < rate
+
+    def _fence(self, key: str, token: int | None) -> None:
+        """Reject a token below the highest seen for ``key``; otherwise remember it."""
+        if token is None:
+            return
+        highest = self.highest.get(key)
+        if highest is not None and token < highest:
+            raise _Reject(409, "stale fencing token", highest=highest)
+        self.highest[key] = token
+
+    async def _delay(self) -> None:
+        if self.config.latency_ms > 0:
+            await asyncio.sleep(self.config.latency_ms / 1000)
+
+    async def post_effect(self, request: Request) -> JSONResponse:
+        await self._delay()
+        key = _idempotency_key(request.headers.get("idempotency-key"))
+        token = _fencing_token(request.headers.get("fencing-token"))
+        body = await _json_object(request)
+        if self._roll(self.config.fail_rate):
+            raise _Reject(503, "injected failure")
+        async with self.lock:
+            self._fence(key, token)
+            stored = self.receipts.get(key)
+            if stored and self.config.provider_idempotency:
+                return JSONResponse(stored[-1], status_code=200)
+            receipt: Receipt = {
+                "id": f"eff_{uuid.uuid4().hex[:12]}",
+                "key": key,
+                "token": token,
+                "body": body,
+                "created_at": time.time(),
+            }
+            if self.state_file is not None:
+                # Off the event loop: fsync must not stall concurrent lookups.
+                await asyncio.to_thread(self._persist, receipt)
+            self._record(receipt)
+            drop = self._roll(self.config.drop_ack_rate)
+        headers = {_DROP_HEADER.decode(): "1"} if drop else None
+        return JSONResponse(receipt, status_code=201, headers=headers)
+
+    async def get_effect(self, request: Request) -> JSONResponse:
+        await self._delay()
+        if not self.config.lookup_enabled:
+            raise _Reject(501, "lookup disabled")
+        key = _idempotency_key(request.path_params["key"])
+        token = _fencing_token(request.headers.get("fencing-token"))
+        async with self.lock:
+            self._fence(key, token)
+            horizon = time.time() - self.config.lookup_lag_s
+            visible = [r for r in self.receipts.get(key, []) if r["created_at"] <= horizon]
+        if not visible:
+            raise _Reject(404, "not found")
+        return JSONResponse(visible[-1])
+
+    async def stats(self, request: Request) -> JSONResponse:
+        async with self.lock:
+            counts = dict(self.executions)
+        return JSONResponse({"executions": counts, "total": sum(counts.values())})
+
+    async def get_config(self, request: Request) -> JSONResponse:
+        return JSONResponse(asdict(self.config))
+
+    async def set_config(self, request: Request) -> JSONResponse:
+        changes = await _json_object(request)
+        try:
+            config = self.config.updated(changes)
+        except ValueError as exc:
+            raise _Reject(400, str(exc)) from None
+        async with self.lock:
+            if "seed" in changes:
+                self.rng.seed(config.seed)
+            self.config = config
+        return JSONResponse(asdict(config))
+
+    async def reset(self, request: Request) -> JSONResponse:
+        async with self.lock:
+            self.receipts.clear()
+            self.executions.clear()
+            self.highest.clear()
+            self.rng.seed(self.config.seed)
+            if self.state_file is not None:
+                self.state_file.write_bytes(b"")
+        return JSONResponse({"reset": True})
+
+
+def _idempotency_key(raw: str | None) -> str:
+    if raw is None or not _KEY_RE.fullmatch(raw):
+        raise _Reject(400, "Idempotency-Key must be 1..200 characters of [A-Za-z0-9._:-]")
+    return raw
+
+
+def _fencing_token(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not _TOKEN_RE.fullmatch(raw.strip()):
+        raise _Reject(400, "Fencing-Token must be an integer")
+    return int(raw)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, read with a size bound."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _Reject(413, "body too large", limit=MAX_BODY_BYTES)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise _Reject(413, "body too large", limit=MAX_BODY_BYTES)
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _Reject(400, "body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise _Reject(400, "body must be a JSON object")
+    return body
+
+
+async def _on_reject(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, _Reject)
+    return JSONResponse(exc.payload, status_code=exc.status)
+
+
+class _SandboxApp(Starlette):
+    """Starlette with one extra outermost layer that can hang up instead of answering.
+
+    It must sit outside Starlette's own middleware: only the server's ``send`` leads
+    to the connection, and Starlette wraps ``send`` in closures.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        dropped = False
+
+        async def send_or_drop(message: Message) -> None:
+            nonlocal dropped
+            if message["type"] == "http.response.start":
+                dropped = any(name == _DROP_HEADER for name, _ in message.get("headers", []))
+            if not dropped:
+                await send(message)
+
+        await super().__call__(scope, receive, send_or_drop)
+        if dropped:
+            await _hang_up(send)
+
+
+async def _hang_up(send: Send) -> None:
+    """Close the connection without writing a response (the effect is already committed)."""
+    # uvicorn's send is a bound method of its request cycle, which holds the transport.
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if not isinstance(transport, asyncio.Transport):
+        raise RuntimeError("ack dropped by the sandbox")
+    transport.abort()
+    # Let connection_lost run now, so uvicorn marks the cycle disconnected and does not
+    # answer "500: returned without starting response" on our behalf.
+    await asyncio.sleep(0)
+
+
+def create_app(config: SandboxConfig, state_file: Path | None = None) -> Starlette:
+    sandbox = _Sandbox(config, state_file)
+    routes = [
+        Route("/v1/effects", sandbox.post_effect, methods=["POST"]),
+        Route("/v1/effects/{key}", sandbox.get_effect, methods=["GET"]),
+        Route("/v1/stats", sandbox.stats, methods=["GET"]),
+        Route("/v1/admin/config", sandbox.get_config, methods=["GET"]),
+        Route("/v1/admin/config", sandbox.set_config, methods=["POST"]),
+        Route("/v1/admin/reset", sandbox.reset, methods=["POST"]),
+    ]
+    return _SandboxApp(routes=routes, exception_handlers={_Reject: _on_reject})
+
+
+def serve(
+    config: SandboxConfig,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    state_file: Path | None = None,
+) -> None:
+    """Run the sandbox until interrupted (blocking)."""
+    app = create_app(config, state_file)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _argv_for(config: SandboxConfig) -> list[str]:
+    """The ``python -m workers.sandbox`` flags that reproduce ``config``."""
+    argv = [
+        f"--fail-rate={config.fail_rate}",
+        f"--drop-ack-rate={config.drop_ack_rate}",
+        f"--latency-ms={config.latency_ms}",
+        f"--lookup-lag-s={config.lookup_lag_s}",
+    ]
+    if not config.lookup_enabled:
+        argv.append("--no-lookup")
+    if not config.provider_idempotency:
+        argv.append("--no-provider-idempotency")
+    if config.seed is not None:
+        argv.append(f"--seed={config.seed}")
+    return argv
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class SandboxProcess:
+    """A sandbox in a child process on a loopback port, for tests and demos.
+
+    Switches changed with ``configure`` live in the process only; ``restart`` starts
+    again from ``config`` (and the state file, which is what survives).
+    """
+
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        state_file: Path | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        self.config = config or SandboxConfig()
+        self.state_file = state_file
+        self.host = host
+        self.port = port if port is not None else _free_port(host)
+        self.startup_timeout = startup_timeout
+        self.url = f"http://{host}:{self.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> SandboxProcess:
+        argv = [sys.executable, "-m", "workers.sandbox", f"--host={self.host}"]
+        argv += [f"--port={self.port}", *_argv_for(self.config)]
+        if self.state_file is not None:
+            argv.append(f"--state-file={self.state_file}")
+        # Make `workers` importable from a source checkout without changing the cwd.
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        # A file, not a pipe: nobody drains the child's output while it runs.
+        self._close_log()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
+        self._proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=self._log)
+        self._wait_ready()
+        return self
+
+    def output(self) -> str:
+        """What the child wrote to stdout and stderr (uvicorn logs warnings and errors)."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                raise RuntimeError(f"sandbox exited with {code}:\n{self.output()}")
+            try:
+                self.stats()
+                return
+            except httpx.TransportError:
+                time.sleep(0.02)
+        self.kill()
+        raise TimeoutError(f"sandbox did not answer on {self.url} in {self.startup_timeout}s")
+
+    def _call(self, method: str, path: str, payload: object = None) -> Any:
+        with httpx.Client(base_url=self.url, timeout=5.0, trust_env=False) as client:
+            response = client.request(method, path, json=payload)
+            response.raise_for_status()
+            return response.json()
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/v1/stats")
+        return result
+
+    def configure(self, **switches: object) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/admin/config", switches)
+        return result
+
+    def reset(self) -> None:
+        self._call("POST", "/v1/admin/reset")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown at all, as in a crash."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM (uvicorn shuts down gracefully), then SIGKILL after ``timeout``."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> SandboxProcess:
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> SandboxProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self._close_log()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="workers.sandbox", description="The sandbox provider.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.add_argument("--drop-ack-rate", type=float, default=0.0)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--lookup-lag-s", type=float, default=0.0)
+    parser.add_argument("--no-lookup", action="store_true")
+    parser.add_argument("--no-provider-idempotency", action="store_true")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--state-file", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        config = SandboxConfig(
+            fail_rate=args.fail_rate,
+            drop_ack_rate=args.drop_ack_rate,
+            latency_ms=args.latency_ms,
+            lookup_lag_s=args.lookup_lag_s,
+            lookup_enabled=not args.no_lookup,
+            provider_idempotency=not args.no_provider_idempotency,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve(config, host=args.host, port=args.port, state_file=args.state_file)
+
+
+if __name__ == "__main__":
+    main()
