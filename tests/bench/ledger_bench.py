@@ -1,0 +1,496 @@
+"""Benchmark: the effectq claim ledger against aws-lambda-powertools idempotency on Redis.
+
+    python tests/bench/ledger_bench.py [--n N] [--binary system|embedded]
+
+One run starts its own durable redis-server (AOF on, ``appendfsync everysec``, automatic AOF
+rewrite off so a rewrite cannot land inside one phase only) in a temp dir and measures, on one
+client connection per library, single-threaded:
+
+* effectq first executions (derive + claim + commit) and duplicates (derive + claim → DONE);
+* powertools ``idempotent_function`` first calls and duplicates on the same server (db 1);
+* raw ``SET NX`` for scale;
+* Redis commands per call from ``INFO commandstats`` deltas. Redis counts the commands a Lua
+  script runs (``redis.call``) in commandstats too, so this is server work, not round trips;
+  round trips (commands the client sends) are counted separately on an audit client;
+* ``MEMORY USAGE`` of one DONE record holding a 100-byte receipt.
+
+The table comes first; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+import redis.utils
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from dedupe import ClaimOutcome, Ledger, ToolSpec, derive  # noqa: E402
+from tests.support.redis_server import (  # noqa: E402
+    RedisServer,
+    default_redis_binary,
+    find_redis_binaries,
+)
+
+# Powertools reads this at call time; a set value would skip idempotency entirely.
+os.environ.pop("POWERTOOLS_IDEMPOTENCY_DISABLED", None)
+
+from aws_lambda_powertools.utilities.idempotency import (  # noqa: E402
+    IdempotencyConfig,
+    idempotent_function,
+)
+
+# persistence.cache.CachePersistenceLayer is the same class as persistence.redis'
+# RedisCachePersistenceLayer (a TypeAlias); the class itself is marked deprecated for v4.
+from aws_lambda_powertools.utilities.idempotency.persistence.cache import (  # noqa: E402
+    CachePersistenceLayer,
+)
+from aws_lambda_powertools.utilities.typing import LambdaContext  # noqa: E402
+
+SPEC = ToolSpec(
+    name="charge",
+    identity=("customer",),
+    bound=("customer", "amount", "currency"),
+    normalizers={"customer": "id", "amount": "money", "currency": "upper"},
+)
+ARGS: Mapping[str, Any] = {"customer": "cus_42", "amount": "10.50", "currency": "usd"}
+LEASE_S = 30.0
+RETENTION_S = 7 * 86400.0
+HOLDER = "bench/1"
+RECEIPT_BYTES = 100
+WARMUP = 500
+ROUNDS = 10
+AUDIT = 200
+APPENDFSYNC = "everysec"
+REDIS_ARGS = ["--appendfsync", APPENDFSYNC, "--auto-aof-rewrite-percentage", "0"]
+PT_DB = 1
+
+Body = Callable[[int, int], None]
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _compact(value: Any) -> str:
+    # The same encoding Ledger.commit stores.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def _pad_len() -> int:
+    base = _compact({"id": "eff_" + "0" * 16, "key": "0" * 16, "status": "sent", "pad": ""})
+    return RECEIPT_BYTES - len(base)
+
+
+_PAD = "x" * _pad_len()
+
+
+def make_receipt(key16: str) -> dict[str, str]:
+    """A receipt whose compact JSON is exactly RECEIPT_BYTES bytes (for a 16-char key16)."""
+    return {"id": f"eff_{key16}", "key": key16, "status": "sent", "pad": _PAD}
+
+
+Stats = dict[str, tuple[int, int]]  # command -> (calls, usec)
+# Commands a client sends to run a script: their usec covers the commands the script runs.
+_SCRIPT_COMMANDS = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
+
+
+def commandstats(client: redis.Redis) -> Stats:
+    stats: dict[str, Any] = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for name, v in stats.items()
+        if isinstance(v, dict)
+    }
+
+
+def command_delta(before: Stats, after: Stats) -> Stats:
+    """(calls, usec) per command between two snapshots, without the INFO calls that took them."""
+    out: Stats = {}
+    for name, (calls, usec) in after.items():
+        if name == "info":
+            continue
+        calls0, usec0 = before.get(name, (0, 0))
+        if calls - calls0:
+            out[name] = (calls - calls0, usec - usec0)
+    return out
+
+
+def server_usec(delta: Stats) -> int:
+    """Redis time spent on the client's commands; a script's inner commands are inside it."""
+    if scripted := [usec for name, (_, usec) in delta.items() if name in _SCRIPT_COMMANDS]:
+        return sum(scripted)
+    return sum(usec for _, usec in delta.values())
+
+
+class CountingConnection(redis.Connection):
+    """Counts the commands a client sends (round trips on the non-pipelined hot path)."""
+
+    sent = 0
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        CountingConnection.sent += 1
+        super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def counting_client(port: int, db: int) -> redis.Redis:
+    pool = redis.ConnectionPool(
+        connection_class=CountingConnection,
+        host="127.0.0.1",
+        port=port,
+        db=db,
+        decode_responses=True,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.ping()  # connect (HELLO / CLIENT SETINFO) before anything is counted
+    return client
+
+
+class FakeLambdaContext:
+    """Just what powertools reads: the remaining time bounds the INPROGRESS lock."""
+
+    function_name = "bench"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int(LEASE_S * 1000)
+
+
+class Phase:
+    """Calls, wall time and server commands of one phase, summed over its rounds."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+        self.seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.server_usec = 0
+        self.commands: dict[str, int] = {}
+
+    def run(self, client: redis.Redis, body: Body, lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        before = commandstats(client)
+        cpu = time.process_time()
+        start = time.perf_counter()
+        body(lo, hi)
+        self.seconds += time.perf_counter() - start
+        self.cpu_seconds += time.process_time() - cpu
+        after = commandstats(client)
+        self.calls += hi - lo
+        delta = command_delta(before, after)
+        self.server_usec += server_usec(delta)
+        for name, (calls, _) in delta.items():
+            self.commands[name] = self.commands.get(name, 0) + calls
+
+    @property
+    def per_s(self) -> float:
+        return self.calls / self.seconds
+
+    @property
+    def us_per_call(self) -> float:
+        return self.seconds / self.calls * 1e6
+
+    @property
+    def cpu_us_per_call(self) -> float:
+        return self.cpu_seconds / self.calls * 1e6
+
+    @property
+    def server_us_per_call(self) -> float:
+        return self.server_usec / self.calls
+
+    @property
+    def cmds_per_call(self) -> float:
+        return sum(self.commands.values()) / self.calls
+
+    def breakdown(self) -> str:
+        parts = sorted(self.commands.items(), key=lambda kv: (-kv[1], kv[0]))
+        return " ".join(f"{name}={calls / self.calls:g}" for name, calls in parts)
+
+
+# -- the two libraries under test ---------------------------------------------------------
+# Each body runs calls lo..hi-1 of a loop; the same index always means the same effect.
+
+
+def effectq_first(ledger: Ledger, prefix: str) -> Body:
+    def run(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            effect = derive(SPEC, f"{prefix}-{i}", ARGS)
+            claim = ledger.claim(effect, lease_s=LEASE_S, holder=HOLDER)
+            if not claim.acquired:
+                raise RuntimeError(f"{prefix}-{i}: expected acquired, got {claim.outcome}")
+            receipt = make_receipt(effect.key[:16])
+            write = ledger.commit(effect.key, claim.token, receipt, retention_s=RETENTION_S)
+            if not write.ok:
+                raise RuntimeError(f"{prefix}-{i}: commit fenced ({write.state})")
+
+    return run
+
+
+def effectq_dup(ledger: Ledger, prefix: str) -> Body:
+    def run(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            effect = derive(SPEC, f"{prefix}-{i}", ARGS)
+            claim = ledger.claim(effect, lease_s=LEASE_S, holder=HOLDER)
+            if claim.outcome is not ClaimOutcome.DUPLICATE or claim.receipt is None:
+                raise RuntimeError(f"{prefix}-{i}: expected duplicate, got {claim.outcome}")
+
+    return run
+
+
+class Powertools:
+    """A powertools-idempotent ``charge`` on its own client and db of the same server."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.executions = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            store = CachePersistenceLayer(client=cast(Any, client))
+        config = IdempotencyConfig(expires_after_seconds=int(RETENTION_S))
+        # Outside Lambda there is no context; without one powertools warns on every call and
+        # writes no in-progress expiry. A fake one makes it behave as it would in Lambda.
+        config.register_lambda_context(cast(LambdaContext, FakeLambdaContext()))
+
+        @idempotent_function(  # type: ignore[untyped-decorator]
+            data_keyword_argument="order", persistence_store=store, config=config
+        )
+        def charge(order: dict[str, Any]) -> dict[str, str]:
+            self.executions += 1
+            return make_receipt(f"{order['n']:016x}")
+
+        self.charge: Callable[..., dict[str, str]] = charge
+
+    def calls(self, prefix: str, *, first: bool) -> Body:
+        def run(lo: int, hi: int) -> None:
+            before = self.executions
+            for i in range(lo, hi):
+                order = {"n": i, "scope": f"{prefix}-{i}", **ARGS}
+                result = self.charge(order=order)
+                if result["status"] != "sent":
+                    raise RuntimeError(f"{prefix}-{i}: unexpected result {result}")
+            expected = hi - lo if first else 0
+            if self.executions - before != expected:
+                raise RuntimeError(
+                    f"{prefix}: {self.executions - before} executions, expected {expected}"
+                )
+
+        return run
+
+
+def setnx(client: redis.Redis, prefix: str) -> Body:
+    def run(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            if not client.set(f"{prefix}:{i}", "1", nx=True):
+                raise RuntimeError(f"{prefix}:{i} already set")
+
+    return run
+
+
+# -- round trips and memory ---------------------------------------------------------------
+
+
+def round_trips(body: Body, n: int) -> float:
+    CountingConnection.sent = 0
+    body(0, n)
+    return CountingConnection.sent / n
+
+
+def record_breakdown(blob: str) -> list[tuple[str, int]]:
+    """Bytes each field contributes to the stored JSON ("name":value, plus a comma)."""
+    record: dict[str, Any] = json.loads(blob)
+    sizes = [(k, len(json.dumps({k: v}, separators=(",", ":"))) - 1) for k, v in record.items()]
+    return sorted(sizes, key=lambda kv: -kv[1])
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def pick_binary(kind: str | None) -> str:
+    if kind is None:
+        return default_redis_binary()
+    found = find_redis_binaries()
+    if kind not in found:
+        raise SystemExit(f"no {kind} redis-server binary (have: {sorted(found) or 'none'})")
+    return found[kind]
+
+
+def interleave(client: redis.Redis, n: int, lineup: list[tuple[Phase, Body]]) -> None:
+    """Warm each body up, then run ROUNDS slices of 0..n-1, alternating bodies per slice,
+    so that drift (CPU frequency, neighbours, AOF growth) hits every phase alike."""
+    for _, body in lineup:
+        body(n, n + WARMUP)  # indices past n: keys the measured slices never touch
+    step = -(-n // ROUNDS)
+    for lo in range(0, n, step):
+        gc.collect()
+        for phase, body in lineup:
+            phase.run(client, body, lo, min(lo + step, n))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--n", type=int, default=20000, help="calls per measured phase")
+    parser.add_argument("--binary", choices=("system", "embedded"), default=None)
+    opts = parser.parse_args(argv)
+    n: int = opts.n
+    if n < 1:
+        parser.error("--n must be positive")
+    binary = pick_binary(opts.binary)
+
+    with (
+        tempfile.TemporaryDirectory(prefix="effectq-bench-") as tmp,
+        RedisServer(binary, Path(tmp), extra_args=REDIS_ARGS) as server,
+    ):
+        client = redis.Redis(host="127.0.0.1", port=server.port, decode_responses=True)
+        pt_client = redis.Redis(host="127.0.0.1", port=server.port, db=PT_DB, decode_responses=True)
+        persistence = cast(dict[str, Any], client.config_get("append*"))
+        if persistence.get("appendonly") != "yes" or persistence.get("appendfsync") != APPENDFSYNC:
+            raise RuntimeError(f"unexpected persistence config: {persistence}")
+
+        ledger = Ledger(client, allow_volatile=False)
+        pt = Powertools(pt_client)
+        phases = {
+            "effectq_first": Phase("effectq first (claim+commit)"),
+            "pt_first": Phase("powertools first call"),
+            "setnx": Phase("raw SET NX"),
+            "effectq_dup": Phase("effectq duplicate (claim)"),
+            "pt_dup": Phase("powertools duplicate"),
+        }
+        interleave(
+            client,
+            n,
+            [
+                (phases["effectq_first"], effectq_first(ledger, "scope")),
+                (phases["pt_first"], pt.calls("scope", first=True)),
+                (phases["setnx"], setnx(client, "bench:setnx")),
+            ],
+        )
+        # Every effect 0..n+WARMUP-1 is DONE now: claim them all again, same payloads.
+        interleave(
+            client,
+            n,
+            [
+                (phases["effectq_dup"], effectq_dup(ledger, "scope")),
+                (phases["pt_dup"], pt.calls("scope", first=False)),
+            ],
+        )
+
+        # Round trips: the same loops on counting clients, on fresh keys.
+        audit_ledger = Ledger(counting_client(server.port, 0), allow_volatile=False)
+        audit_pt = Powertools(counting_client(server.port, PT_DB))
+        rt = {
+            "effectq_first": round_trips(effectq_first(audit_ledger, "audit"), AUDIT),
+            "effectq_dup": round_trips(effectq_dup(audit_ledger, "audit"), AUDIT),
+            "pt_first": round_trips(audit_pt.calls("audit", first=True), AUDIT),
+            "pt_dup": round_trips(audit_pt.calls("audit", first=False), AUDIT),
+            "setnx": 1.0,
+        }
+
+        # One DONE record with a 100-byte receipt (the measured phase wrote exactly those).
+        effect = derive(SPEC, "scope-0", ARGS)
+        record_key = ledger._keys(effect.key)[0]
+        blob = cast(str | None, client.get(record_key))
+        if blob is None or json.loads(blob)["s"] != "DONE":
+            raise RuntimeError(f"{record_key} is not a DONE record")
+        if len(_compact(json.loads(json.loads(blob)["r"]))) != RECEIPT_BYTES:
+            raise RuntimeError("receipt is not 100 bytes of compact JSON")
+        done_bytes = int(cast(int, client.memory_usage(record_key, samples=0)))
+        done_len = int(client.strlen(record_key))
+        pt_key = cast(str, pt_client.randomkey())
+        pt_bytes = int(cast(int, pt_client.memory_usage(pt_key, samples=0)))
+        pt_len = int(pt_client.strlen(pt_key))
+        version = server.version
+
+    ef, ed = phases["effectq_first"], phases["effectq_dup"]
+    pf, pd = phases["pt_first"], phases["pt_dup"]
+    sx = phases["setnx"]
+    ratio_first = ef.per_s / pf.per_s
+    ratio_dup = ed.per_s / pd.per_s
+
+    print(
+        f"effectq ledger bench: n={n}, redis-server {version} ({binary}), "
+        f"appendonly yes, appendfsync {APPENDFSYNC}, auto-aof-rewrite off"
+    )
+    print(
+        f"python {platform.python_version()}, redis-py {redis.__version__}, "
+        f"hiredis={'yes' if redis.utils.HIREDIS_AVAILABLE else 'no'}; single-threaded, one "
+        f"connection per library; warm-up {WARMUP} calls per phase, then {ROUNDS} rounds "
+        "alternating the phases"
+    )
+    print()
+    header = (
+        f"{'phase':<30} {'calls/s':>9} {'us/call':>8} {'cpu us':>7} {'redis us':>9} "
+        f"{'cmds/call':>10} {'trips/call':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for key, phase in phases.items():
+        print(
+            f"{phase.name:<30} {phase.per_s:>9.0f} {phase.us_per_call:>8.1f} "
+            f"{phase.cpu_us_per_call:>7.1f} {phase.server_us_per_call:>9.1f} "
+            f"{phase.cmds_per_call:>10.2f} {rt[key]:>11.2f}"
+        )
+    print()
+    print("cmds/call:  INFO commandstats delta per call, INFO excluded; Redis also counts the")
+    print("            commands a Lua script runs, so this is server-side work:")
+    for phase in phases.values():
+        print(f"  {phase.name:<30} {phase.breakdown()}")
+    print(f"trips/call: commands the client sent per call (audit pass, {AUDIT} calls each)")
+    print("cpu us:     bench process CPU per call (Python + syscalls); redis us: server time per")
+    print("            call in its commands (commandstats usec; a script counts as a whole)")
+    print()
+    print(f"{'ratio effectq/powertools, first':<40} {ratio_first:>6.2f}x   (goal >= 1.8x)")
+    print(f"{'ratio effectq/powertools, duplicate':<40} {ratio_dup:>6.2f}x   (goal >= 3.5x)")
+    print(f"{'effectq first / raw SET NX':<40} {ef.per_s / sx.per_s:>6.2f}x")
+    print()
+    print(
+        f"DONE record {record_key}: MEMORY USAGE {done_bytes} B (goal <= 400), "
+        f"raw value {done_len} B, receipt {RECEIPT_BYTES} B"
+    )
+    print(
+        "  JSON bytes per field: "
+        + " ".join(f"{name}={size}" for name, size in record_breakdown(blob))
+    )
+    print(f"powertools COMPLETED record: MEMORY USAGE {pt_bytes} B, raw value {pt_len} B")
+
+    result = {
+        "bench": "ledger",
+        "n": n,
+        "redis": version,
+        "effectq_first_per_s": round(ef.per_s, 1),
+        "effectq_dup_per_s": round(ed.per_s, 1),
+        "powertools_first_per_s": round(pf.per_s, 1),
+        "powertools_dup_per_s": round(pd.per_s, 1),
+        "ratio_first": round(ratio_first, 3),
+        "ratio_dup": round(ratio_dup, 3),
+        "cmds_per_first": round(ef.cmds_per_call, 3),
+        "cmds_per_dup": round(ed.cmds_per_call, 3),
+        "powertools_cmds_per_first": round(pf.cmds_per_call, 3),
+        "powertools_cmds_per_dup": round(pd.cmds_per_call, 3),
+        "setnx_per_s": round(sx.per_s, 1),
+        "done_record_bytes": done_bytes,
+        "done_record_len": done_len,
+        "roundtrips_per_first": rt["effectq_first"],
+        "roundtrips_per_dup": rt["effectq_dup"],
+        "powertools_roundtrips_per_first": rt["pt_first"],
+        "powertools_roundtrips_per_dup": rt["pt_dup"],
+        "appendfsync": APPENDFSYNC,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
