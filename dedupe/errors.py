@@ -15,7 +15,7 @@
     │   └── TransitionRefusedError    the state table forbids this transition (carries state)
     ├── MessageError              a queue message is malformed: dead-letter it, never execute
     ├── ConflictError             same effect key, different bound fields
-    └── ProviderError             what a tool's provider call established
+    └── ProviderError             a provider call failed: uncertain unless it says otherwise
         └── NotExecutedError          definitely not executed (refused before acting): retry
             └── RejectedError         not executed and never will be (4xx): dead-letter
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .canonical import canonical_bytes
-from .errors import CanonicalizationError, EffectqError, MissingFieldError
+from .errors import CanonicalizationError, EffectqError, MissingFieldError, SpecError
 from .spec import ToolSpec
 
 __all__ = ["MAX_SCOPE_CHARS", "Effect", "derive", "idempotency_key"]
@@ -71,8 +71,17 @@ def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def derive(spec: ToolSpec, scope: str, args: Mapping[str, Any]) -> Effect:
-    """Derive the effect of calling ``spec`` for ``scope`` with ``args``."""
+def derive(
+    spec: ToolSpec, scope: str, args: Mapping[str, Any], *, action: str | None = None
+) -> Effect:
+    """Derive the effect of calling ``spec`` for ``scope`` with ``args`` (and one of the
+    tool's declared actions; its default when None)."""
+    action = spec.action if action is None else action
+    if action not in spec.actions:
+        raise SpecError(
+            f"{spec.name}: action {action!r} is not declared (declared: {list(spec.actions)})",
+            tool=spec.name,
+        )
     if not isinstance(scope, str) or not scope.strip():
         raise MissingFieldError(f"{spec.name}: scope must be a non-empty string", tool=spec.name)
     if len(scope) > MAX_SCOPE_CHARS:
@@ -84,7 +93,7 @@ def derive(spec: ToolSpec, scope: str, args: Mapping[str, Any]) -> Effect:
     identity: dict[str, Any] = {
         "v": _VERSION,
         "tool": spec.name,
-        "action": spec.action,
+        "action": action,
         "scope": scope,
         "target": {f: norm[f] for f in spec.identity},
     }
@@ -93,7 +102,7 @@ def derive(spec: ToolSpec, scope: str, args: Mapping[str, Any]) -> Effect:
     fingerprint = _sha256(canonical_bytes(bound, field=f"{spec.name}.bound"))
     # Free content must still be JSON: it travels in the message and the stored request.
     canonical_bytes({f: norm[f] for f in spec.free if f in norm}, field=f"{spec.name}.free")
-    return Effect(spec.name, spec.action, scope, key, fingerprint, norm)
+    return Effect(spec.name, action, scope, key, fingerprint, norm)
 
 
 def idempotency_key(key: str, generation: int) -> str:

@@ -13,14 +13,17 @@
 --                              "fenced:<op>" (stale writes refused), "dup_submit:<tool>",
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
 --                              "conflict:<tool>"
---   KEYS[4]  pending  string: id of a live broker message for this effect (producer-side
---                              dedupe before the broker); expires by itself, cleared on DONE
+--   KEYS[4]  pending  string: "<fingerprint>|<message id>" of a live broker message for this
+--                              effect (producer-side dedupe before the broker); expires by
+--                              itself, cleared on DONE and on dead-letter
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields (short names keep a DONE record small):
 --   s state   t fencing token (per key, only grows)   f fingerprint   g generation
 --   tool      n attempts (claims granted)             c created ms
 --   d lease deadline ms (CLAIMED/RECONCILING only)    h holder (CLAIMED/RECONCILING only)
+--   a ms of the last granted claim (when the effect may first have been sent)
+--   x ms the reconciler first took it over, ra reconciler takeovers (RECONCILING only)
 --   q request (opaque JSON text)   r receipt (opaque JSON text)   raw provider's raw
 --   response when it differs from r   lr late receipts [[token, receipt, ms], ...]
 --   y history [[state, token, ms, note], ...] (the last HISTORY entries)
@@ -58,6 +61,9 @@ local function move(state, token, note, deadline)
   y[#y + 1] = {state, token, now, note or ''}
   while #y > HISTORY do table.remove(y, 1) end
   rec.y = y
+  if state ~= 'RECONCILING' then
+    rec.x, rec.ra = nil, nil
+  end
   if deadline then
     rec.d = deadline
     redis.call('ZADD', KEYS[2], deadline, key)
@@ -103,7 +109,7 @@ local function claim()
   if not rec then
     rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now}
     move('CLAIMED', 1, 'claim', deadline)
-    rec.n, rec.h, rec.q = 1, holder, request
+    rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
     redis.call('SET', KEYS[1], cjson.encode(rec), 'NX')
     return {'acquired', 1, 0}
   end
@@ -112,7 +118,7 @@ local function claim()
     if s ~= 'FAILED' then rec.g = rec.g + 1 end
     rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
     move('CLAIMED', rec.t + 1, 'claim', deadline)
-    rec.n, rec.h, rec.q = rec.n + 1, holder, request
+    rec.n, rec.h, rec.q, rec.a = rec.n + 1, holder, request, now
     save(0)
     return {'acquired', rec.t, rec.g}
   end
@@ -192,7 +198,8 @@ local function handover()
 end
 
 -- takeover(lease_ms, holder): CLAIMED or RECONCILING whose lease has expired -> RECONCILING
--- under token+1. Returns what the reconciler needs to ask the provider.
+-- under token+1. Returns what the reconciler needs to ask the provider and to judge the
+-- answer: when the claim was granted, when reconciliation began, how many takeovers so far.
 local function takeover()
   local lease_ms, holder = tonumber(ARGV[3]), ARGV[4]
   if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') or rec.d > now then
@@ -203,10 +210,14 @@ local function takeover()
     return refused()
   end
   local from = rec.s
+  local since, rounds = rec.x or now, (rec.ra or 0) + 1
   move('RECONCILING', rec.t + 1, 'takeover from ' .. from, now + lease_ms)
-  rec.h = holder
+  rec.h, rec.x, rec.ra = holder, since, rounds
   save(0)
-  return {'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.c, cjson.encode(rec.lr or {})}
+  return {
+    'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.a or rec.c,
+    cjson.encode(rec.lr or {}), since, rounds, now,
+  }
 end
 
 -- unknown(token, reason): RECONCILING under `token` -> UNKNOWN: the outcome cannot be
@@ -251,7 +262,8 @@ end
 --   fingerprint differs (and the key is held)     => conflict
 --   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
 --   CLAIMED with an expired lease, UNKNOWN        => blocked (awaiting reconciliation/operator)
---   none | FAILED | REVOKED | SUPERSEDED: a live pending marker => pending, else => enqueue
+--   none | FAILED | REVOKED | SUPERSEDED: a live pending marker with another fingerprint
+--                                   => conflict, with this one => pending, none => enqueue
 local function submit()
   local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
   local s = rec and rec.s
@@ -268,8 +280,14 @@ local function submit()
     end
     return {'blocked', s, rec.t}
   end
-  if redis.call('SET', KEYS[4], message_id, 'NX', 'PX', pending_ms) then
+  local marker = redis.call('GET', KEYS[4])
+  if not marker then
+    redis.call('SET', KEYS[4], fp .. '|' .. message_id, 'PX', pending_ms)
     return {'enqueue', s or 'ABSENT', rec and rec.t or 0}
+  end
+  if string.sub(marker, 1, #fp) ~= fp then
+    bump('conflict', tool)
+    return {'conflict', s or 'ABSENT', rec and rec.t or 0}
   end
   bump('dup_submit', tool)
   return {'pending', s or 'ABSENT', rec and rec.t or 0}

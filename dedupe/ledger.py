@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -263,8 +263,11 @@ class Ledger:
             tool=str(reply[3]),
             request=json.loads(reply[4]) if reply[4] else None,
             attempts=int(reply[5]),
-            created_ms=int(reply[6]),
+            claimed_ms=int(reply[6]),
             late_receipts=late if isinstance(late, list) else [],
+            reconciling_since_ms=int(reply[8]),
+            rounds=int(reply[9]),
+            now_ms=int(reply[10]),
         )
 
     def mark_unknown(self, key: str, token: int, *, reason: str) -> Write:
@@ -312,15 +315,26 @@ class Ledger:
         return None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
 
     def server_time_ms(self) -> int:
-        seconds, micros = self.client.time()
+        try:
+            seconds, micros = self.client.time()
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def expired(self, bucket: int, *, limit: int = 100, now_ms: int | None = None) -> list[str]:
-        """Keys in ``bucket`` whose lease deadline has passed (server clock)."""
+    def expired(
+        self, buckets: Iterable[int] | None = None, *, limit: int = 100, now_ms: int | None = None
+    ) -> list[str]:
+        """Keys whose lease deadline has passed (server clock), at most ``limit`` per bucket,
+        from ``buckets`` (default all) in one pipelined round trip."""
         now = self.server_time_ms() if now_ms is None else now_ms
-        leases = f"{self._tag(bucket)}:leases"
-        found = self.client.zrangebyscore(leases, "-inf", now, start=0, num=limit)
-        return [str(k) for k in found]
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in range(self.buckets) if buckets is None else buckets:
+            pipe.zrangebyscore(f"{self._tag(bucket)}:leases", "-inf", now, start=0, num=limit)
+        try:
+            found = pipe.execute()
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+        return [str(key) for keys in found for key in keys]
 
     def counts(self) -> dict[tuple[str, str], int]:
         """(state or "fenced", tool or op) → count, summed over buckets (no keyspace scan)."""

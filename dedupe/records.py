@@ -130,8 +130,11 @@ class Takeover:
     tool: str
     request: dict[str, Any] | None
     attempts: int
-    created_ms: int
+    claimed_ms: int
     late_receipts: list[Any]
+    reconciling_since_ms: int
+    rounds: int
+    now_ms: int
 
     @property
     def idempotency_key(self) -> str:

@@ -64,6 +64,7 @@ class ToolSpec:
     bound: tuple[str, ...] = ()
     free: tuple[str, ...] = ()
     action: str = "default"
+    actions: tuple[str, ...] = ()
     normalizers: Mapping[str, Any] = field(default_factory=dict)
     lease_s: float = 30.0
     provider_window_s: float = DAY
@@ -72,7 +73,10 @@ class ToolSpec:
     lookup: Lookup | None = None
 
     def __post_init__(self) -> None:
-        for label, value in (("tool name", self.name), ("action", self.action)):
+        if self.action not in self.actions:
+            # The default action is always allowed; ``actions`` lists the others.
+            object.__setattr__(self, "actions", (self.action, *self.actions))
+        for label, value in (("tool name", self.name), *(("action", a) for a in self.actions)):
             if not _NAME.match(value):
                 raise SpecError(f"{label} {value!r} must match {_NAME.pattern}", tool=self.name)
         declared = (*self.identity, *self.bound, *self.free)

@@ -35,7 +35,9 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.support.redis_server import (  # noqa: E402
+from tests.support.stack import SANDBOX_DEFAULTS  # noqa: E402
+from workers.local import LocalStack  # noqa: E402
+from workers.redis_server import (  # noqa: E402
     RedisServer,
     default_redis_binary,
     find_redis_binaries,
@@ -98,3 +100,28 @@ def local_redis() -> Iterator[redis.Redis]:
         pytest.skip(reason)
     yield client
     client.close()
+
+
+# -- the whole pipeline as real processes -----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """One durable Redis (ledger db 0, broker db 1) and one sandbox for the session; this
+    process is the producer. Use ``live`` in tests: it gives a clean slate each time."""
+    with LocalStack(workdir=tmp_path_factory.mktemp("stack")) as local:
+        local.apply_env()
+        import workers.examples  # noqa: F401  (declares the tools against this broker)
+
+        yield local
+
+
+@pytest.fixture
+def live(stack: LocalStack) -> Iterator[LocalStack]:
+    """The session stack, emptied: no ledger records, no broker messages, provider reset
+    with its default switches; every worker pool and reconciler stopped afterwards."""
+    redis.Redis.from_url(stack.ledger_url).flushall()
+    stack.sandbox.reset()
+    stack.sandbox.configure(**SANDBOX_DEFAULTS)
+    yield stack
+    stack.stop_processes()

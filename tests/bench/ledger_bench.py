@@ -40,7 +40,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from dedupe import ClaimOutcome, Ledger, ToolSpec, derive  # noqa: E402
-from tests.support.redis_server import (  # noqa: E402
+from workers.redis_server import (  # noqa: E402
     RedisServer,
     default_redis_binary,
     find_redis_binaries,

@@ -12,7 +12,7 @@ import pytest
 
 from dedupe import Ledger
 from tests.support.ledgers import charge
-from tests.support.redis_server import RedisServer
+from workers.redis_server import RedisServer
 
 ROUNDS = 20
 

@@ -20,7 +20,7 @@ from dedupe import (
     VolatileLedgerError,
 )
 from tests.support.ledgers import RETENTION_S, charge, fresh_ledger, poll
-from tests.support.redis_server import RedisServer
+from workers.redis_server import RedisServer
 
 RECEIPT = {"id": "eff_1", "status": "charged"}
 
@@ -147,7 +147,7 @@ def test_claimed_handover_expires_the_lease_at_once(ledger: Ledger) -> None:
     assert ledger.handover(effect.key, token, reason="timeout after send").ok
     assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.BLOCKED
     bucket = ledger.bucket_of(effect.key)
-    assert effect.key in ledger.expired(bucket)
+    assert effect.key in ledger.expired([bucket])
     assert ledger.takeover(effect.key, lease_s=30, holder="r/1") is not None
 
 

@@ -1,4 +1,4 @@
-"""Real ``redis-server`` processes owned by the test suite.
+"""Real ``redis-server`` processes we own: the demo's embedded ledger and the test suite's.
 
 We launch Redis ourselves (never daemonized) so a test can SIGKILL, SIGSTOP and restart it by
 pid, and so every process we start is also one we are able to reap.

@@ -1,0 +1,76 @@
+"""Named crash points in the worker path, armed only through ``EFFECTQ_FAILPOINTS``.
+
+``after_claim=kill;after_effect=kill@0.2;before_commit=sleep:3``. Actions: ``kill`` (SIGKILL
+self), ``stop`` (SIGSTOP self), ``raise`` (FailpointError), ``sleep:SECONDS``; ``@P`` arms
+with probability P. Unarmed, a failpoint is one lookup in an empty dict.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+
+__all__ = ["POINTS", "FailpointError", "arm", "failpoint", "parse"]
+
+POINTS = frozenset(
+    {
+        "after_claim",
+        "before_effect",
+        "after_effect",
+        "before_commit",
+        "after_commit",
+        "before_lookup",
+        "after_lookup",
+    }
+)
+
+
+class FailpointError(RuntimeError):
+    """Raised by a ``raise`` failpoint: an uncertain outcome at that exact point."""
+
+
+@dataclass(frozen=True)
+class _Armed:
+    action: str
+    argument: float
+    probability: float
+
+
+def parse(spec: str) -> dict[str, _Armed]:
+    armed: dict[str, _Armed] = {}
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        name, eq, rest = item.partition("=")
+        if not eq or name not in POINTS:
+            raise ValueError(f"bad failpoint {item!r}: known points are {sorted(POINTS)}")
+        action, _, prob = rest.partition("@")
+        verb, _, arg = action.partition(":")
+        if verb not in {"kill", "stop", "raise", "sleep"} or (verb == "sleep") != bool(arg):
+            raise ValueError(f"bad failpoint action {action!r} (kill|stop|raise|sleep:SECONDS)")
+        armed[name] = _Armed(verb, float(arg or 0), float(prob or 1))
+    return armed
+
+
+_ARMED: dict[str, _Armed] = parse(os.environ.get("EFFECTQ_FAILPOINTS", ""))
+
+
+def arm(spec: str) -> None:
+    """Re-arm from a spec string (tests in this process)."""
+    _ARMED.clear()
+    _ARMED.update(parse(spec))
+
+
+def failpoint(name: str) -> None:
+    armed = _ARMED.get(name)
+    if armed is None or (armed.probability < 1 and random.random() >= armed.probability):
+        return
+    if armed.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif armed.action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif armed.action == "sleep":
+        time.sleep(armed.argument)
+    else:
+        raise FailpointError(f"failpoint {name}")

@@ -1,0 +1,166 @@
+"""The reconciler: resolves expired claims by asking the provider what really happened.
+
+It scans the bucketed lease indexes (never the keyspace), takes each expired claim over
+under a new fencing token, looks the effect up, and decides (DESIGN §4):
+
+    found                                        → DONE with the provider's receipt
+    not found, inside the settle window          → look again later (lookups lag)
+    not found after it, authoritative, within
+      the provider's idempotency window, and no
+      late receipt says otherwise                → FAILED: not executed, the key is free
+    lookup unavailable                           → back off, up to a budget, then UNKNOWN
+    no lookup / not authoritative / too old      → UNKNOWN, for an operator
+
+It never enqueues work: a FAILED key is executed by the message's own next delivery.
+Several reconcilers may run at once; the token makes every write theirs alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dedupe import (
+    EffectqError,
+    Found,
+    Ledger,
+    LookupResult,
+    NotFound,
+    Takeover,
+    ToolSpec,
+    Unavailable,
+)
+from dedupe.failpoints import failpoint
+
+__all__ = ["Decision", "Reconciler", "decide"]
+
+log = logging.getLogger(__name__)
+
+Action = Literal["done", "failed", "defer", "unknown"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    delay_s: float = 0.0
+    receipt: dict[str, Any] | None = None
+    raw: str | None = None
+
+
+def decide(
+    takeover: Takeover, spec: ToolSpec | None, result: LookupResult | None, *, budget: int
+) -> Decision:
+    """The reconciler's decision for one taken-over effect; pure, so it can be read alone."""
+    if spec is None:
+        return Decision("unknown", f"tool {takeover.tool!r} is not declared here")
+    if spec.lookup is None or result is None:
+        return Decision("unknown", "the provider has no lookup")
+    if isinstance(result, Found):
+        return Decision("done", "reconciled: found at the provider", receipt=result.receipt,
+                        raw=result.raw)  # fmt: skip
+    if isinstance(result, Unavailable):
+        if takeover.rounds >= budget:
+            return Decision(
+                "unknown", f"lookup unavailable {takeover.rounds} times: {result.reason}"
+            )
+        return Decision("defer", f"lookup unavailable: {result.reason}",
+                        delay_s=min(2.0**takeover.rounds, 60.0))  # fmt: skip
+    assert isinstance(result, NotFound)
+    if not result.authoritative:
+        return Decision("unknown", "not found, from a lookup that is not authoritative")
+    if takeover.late_receipts:
+        return Decision("unknown", "not found, yet a holder reported a receipt (late receipt)")
+    now = takeover.now_ms
+    if now - takeover.claimed_ms > spec.provider_window_s * 1000:
+        return Decision("unknown", "not found, but the claim is older than the provider's window")
+    settled_at = takeover.reconciling_since_ms + spec.settle_s * 1000
+    if now < settled_at:
+        return Decision("defer", "not found yet: inside the settle window",
+                        delay_s=(settled_at - now) / 1000)  # fmt: skip
+    return Decision("failed", "reconciled: not found after the settle window")
+
+
+class Reconciler:
+    """Resolves expired claims of the tools in ``specs`` (name → ToolSpec)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        specs: Mapping[str, ToolSpec],
+        *,
+        lease_s: float = 30.0,
+        budget: int = 5,
+        batch: int = 100,
+        holder: str | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.specs = dict(specs)
+        self.lease_s = lease_s
+        self.budget = budget
+        self.batch = batch
+        self.holder = holder or f"reconciler@{socket.gethostname()}:{os.getpid()}"
+
+    def reconcile(self, key: str) -> str | None:
+        """Take ``key`` over if its lease has expired and resolve it; the outcome or None."""
+        takeover = self.ledger.takeover(key, lease_s=self.lease_s, holder=self.holder)
+        if takeover is None:
+            return None
+        spec = self.specs.get(takeover.tool)
+        result: LookupResult | None = None
+        if spec is not None and spec.lookup is not None:
+            failpoint("before_lookup")
+            result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
+            failpoint("after_lookup")
+        decision = decide(takeover, spec, result, budget=self.budget)
+        retention = spec.retention_s if spec is not None else 7 * 86400.0
+        if decision.action == "done":
+            assert decision.receipt is not None
+            write = self.ledger.commit(
+                key, takeover.token, decision.receipt, raw=decision.raw,
+                retention_s=retention, note=decision.reason,
+            )  # fmt: skip
+        elif decision.action == "failed":
+            write = self.ledger.fail(
+                key, takeover.token, reason=decision.reason, retention_s=retention
+            )
+        elif decision.action == "defer":
+            write = self.ledger.heartbeat(key, takeover.token, lease_s=max(decision.delay_s, 0.05))
+        else:
+            write = self.ledger.mark_unknown(key, takeover.token, reason=decision.reason)
+        if write.fenced:
+            return "fenced"
+        log.info("%s %s: %s", decision.action, key[:12], decision.reason)
+        return decision.action
+
+    def run_once(self) -> Counter[str]:
+        """One pass over every bucket's lease index, starting at a random bucket so that
+        several reconcilers spread out; returns the outcomes counted."""
+        outcomes: Counter[str] = Counter()
+        start = random.randrange(self.ledger.buckets)
+        order = [(start + i) % self.ledger.buckets for i in range(self.ledger.buckets)]
+        for key in self.ledger.expired(order, limit=self.batch):
+            try:
+                outcome = self.reconcile(key)
+            except EffectqError as exc:
+                log.warning("reconcile %s failed: %s", key[:12], exc)
+                outcome = "error"
+            if outcome:
+                outcomes[outcome] += 1
+        return outcomes
+
+    def run(self, *, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except EffectqError as exc:
+                log.warning("reconciler pass failed: %s", exc)
+            stop.wait(interval_s)

