@@ -121,6 +121,8 @@ def live(stack: LocalStack) -> Iterator[LocalStack]:
     """The session stack, emptied: no ledger records, no broker messages, provider reset
     with its default switches; every worker pool and reconciler stopped afterwards."""
     redis.Redis.from_url(stack.ledger_url).flushall()
+    for log in ("workers.log", "reconciler.log"):  # each test reads only its own processes'
+        (stack.workdir / log).unlink(missing_ok=True)
     stack.sandbox.reset()
     stack.sandbox.configure(**SANDBOX_DEFAULTS)
     yield stack

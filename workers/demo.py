@@ -135,6 +135,9 @@ def run_demo(
             },
             "conflicts_refused": conflicts,
             "fenced_writes": sum(v for (k, _), v in counts.items() if k == "fenced"),
+            "reconciled": sum(
+                any("reconciled" in h.note for h in r.history) for r in records.values() if r
+            ),
             "final_states": dict(states),
             "workers_killed": len(killed),
             "unresolved": unresolved,
@@ -152,7 +155,7 @@ def _print(summary: dict[str, Any], console: Console) -> None:
     for name in (
         "submitted", "unique_effects", "at_submit", "executed_at_provider",
         "max_executions_per_key", "duplicates_suppressed", "conflicts_refused",
-        "fenced_writes", "final_states", "workers_killed", "seconds",
+        "fenced_writes", "reconciled", "final_states", "workers_killed", "seconds",
     ):  # fmt: skip
         table.add_row(name.replace("_", " "), str(summary[name]))
     console.print(table)

@@ -1,0 +1,130 @@
+"""Worker processes SIGKILLed at named crash points, the ledger's Redis killed mid-run, and a
+SIGTERM during a slow effect — each checked against the provider's own execution count.
+
+The sandbox's own idempotency is switched off in these tests: only effectq stands between
+a redelivery and a second execution.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dedupe import Ledger, State
+from tests.support.stack import broker_messages, wait_for, wait_states
+from workers import runtime, submit
+from workers.local import LocalStack
+from workers.redis_server import RedisServer, default_redis_binary
+
+DRAINED = {"live": 0, "delayed": 0, "dead": 0}
+
+
+@pytest.fixture
+def fenceless(live: LocalStack) -> LocalStack:
+    live.sandbox.configure(provider_idempotency=False)
+    return live
+
+
+def _charge(scope: str) -> str:
+    return submit("charge", scope=scope, customer="c-9", amount="12.50", currency="usd").key
+
+
+def _killed(stack: LocalStack) -> bool:
+    return "restarting in" in stack.log("workers.log")  # the supervisor saw it die
+
+
+def test_after_commit_kill_redelivery_is_a_duplicate(fenceless: LocalStack) -> None:
+    fenceless.start_workers(1, 2, EFFECTQ_FAILPOINTS="after_commit=kill")
+    key = _charge("order-after-commit")
+    ledger = runtime.ledger()
+    wait_states(ledger, [key], timeout=30)
+    wait_for(lambda: _killed(fenceless), what="worker SIGKILLed after its commit")
+    # The broker redelivers the unacked message to the restarted worker: a duplicate.
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="redelivery acked", timeout=60)
+    assert fenceless.stats()["executions"] == {key: 1}
+    assert ledger.counts()[("dup_claim", "charge")] == 1
+
+
+@pytest.mark.parametrize(("point", "executed"), [("after_claim", 0), ("after_effect", 1)])
+def test_killed_holder_is_never_re_executed_blind(
+    fenceless: LocalStack, point: str, executed: int
+) -> None:
+    pool = fenceless.start_workers(1, 2, EFFECTQ_FAILPOINTS=f"{point}=kill")
+    key = _charge(f"order-{point}")
+    ledger = runtime.ledger()
+    wait_for(lambda: _killed(fenceless), what=f"worker SIGKILLed at {point}")
+    # Redelivered (heartbeat timeout) to the restarted worker, the message finds the claim
+    # live, then expired: in_flight, then blocked — retried later, never executed, never
+    # acked, while no reconciler runs.
+    wait_for(lambda: broker_messages(fenceless)["delayed"] >= 1, what="retry scheduled")
+    record = ledger.get(key)
+    assert record is not None and record.state is State.CLAIMED and record.token == 1
+    assert fenceless.stats()["executions"].get(key, 0) == executed
+    assert broker_messages(fenceless)["dead"] == 0
+    # The reconciler completes the story: not found → FAILED → the message's next delivery
+    # executes it; found → DONE → the next delivery is a duplicate.
+    fenceless.stop_pool(pool)
+    fenceless.start_workers(1, 2)
+    fenceless.start_reconciler()
+    [record] = wait_states(ledger, [key], timeout=60).values()
+    assert record is not None
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="message acked", timeout=60)
+    assert fenceless.stats()["executions"] == {key: 1}
+    notes = [h.note for h in record.history]
+    expected = "not found after the settle window" if executed == 0 else "found at the provider"
+    assert any(expected in note for note in notes), notes
+
+
+@pytest.fixture
+def own_ledger(tmp_path: Path) -> Iterator[RedisServer]:
+    """A ledger Redis apart from the broker's, so it can die while the broker lives."""
+    previous = runtime.ledger()
+    with RedisServer(default_redis_binary(), tmp_path / "ledger") as server:
+        runtime.set_ledger(Ledger.from_url(server.url))
+        yield server
+    runtime.set_ledger(previous)
+
+
+def test_ledger_redis_killed_mid_run_no_effect_runs_without_a_claim(
+    fenceless: LocalStack, own_ledger: RedisServer
+) -> None:
+    fenceless.sandbox.configure(latency_ms=20)
+    keys = [_charge(f"order-outage-{i}") for i in range(300)]
+    env = {"EFFECTQ_REDIS_URL": own_ledger.url}
+    fenceless.start_workers(2, 8, **env)
+    fenceless.start_reconciler(**env)
+    wait_for(lambda: fenceless.stats()["total"] >= 60, what="a fifth executed")
+    own_ledger.kill()
+    executed_during = fenceless.stats()["total"]
+    own_ledger.start()  # from its AOF, same port
+    ledger = runtime.ledger()
+    records = wait_states(ledger, keys, timeout=120)
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="queue drained", timeout=60)
+    stats = fenceless.stats()
+    assert executed_during < 300
+    assert stats["total"] == 300 and set(stats["executions"].values()) == {1}
+    with httpx.Client(base_url=fenceless.sandbox.url) as provider:
+        for key, record in records.items():
+            receipt = provider.get(f"/v1/effects/{key}").json()
+            assert record is not None
+            claimed_tokens = {h.token for h in record.history if h.state == "CLAIMED"}
+            # Every execution ran under a token the ledger granted as a claim.
+            assert receipt["token"] in claimed_tokens, (key, receipt["token"], record.history)
+
+
+def test_sigterm_during_a_slow_effect_finishes_and_acks(fenceless: LocalStack) -> None:
+    fenceless.sandbox.configure(latency_ms=3000)
+    pool = fenceless.start_workers(1, 2)
+    key = _charge("order-slow")
+    ledger = runtime.ledger()
+    wait_for(lambda: ledger.get(key) is not None, what="claimed")
+    pool.send_signal(signal.SIGTERM)
+    assert pool.wait(timeout=60) == 0
+    record = ledger.get(key)
+    assert record is not None and record.state is State.DONE
+    assert fenceless.stats()["executions"] == {key: 1}
+    assert broker_messages(fenceless) == DRAINED
