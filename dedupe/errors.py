@@ -14,6 +14,7 @@
     │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
     │   └── TransitionRefusedError    the state table forbids this transition (carries state)
     ├── MessageError              a queue message is malformed: dead-letter it, never execute
+    ├── OperatorError             an operator action lacks an actor, a reason or its evidence
     ├── ConflictError             same effect key, different bound fields
     └── ProviderError             a provider call failed: uncertain unless it says otherwise
         └── NotExecutedError          definitely not executed (refused before acting): retry
@@ -36,6 +37,7 @@ __all__ = [
     "MessageError",
     "MissingFieldError",
     "NotExecutedError",
+    "OperatorError",
     "ProviderError",
     "RecordTooLargeError",
     "RejectedError",
@@ -106,6 +108,10 @@ class TransitionRefusedError(LedgerError):
 
 
 class MessageError(EffectqError):
+    pass
+
+
+class OperatorError(EffectqError):
     pass
 
 

@@ -16,6 +16,7 @@
 --   KEYS[4]  pending  string: "<fingerprint>|<message id>" of a live broker message for this
 --                              effect (producer-side dedupe before the broker); expires by
 --                              itself, cleared on DONE and on dead-letter
+--   KEYS[5]  unknown  zset:   effect key -> ms it became UNKNOWN: the operators' work queue
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields (short names keep a DONE record small):
@@ -53,6 +54,8 @@ end
 
 -- Move rec to `state`, keeping counts, lease index and history in step with it.
 local function move(state, token, note, deadline)
+  if rec.s == 'UNKNOWN' and state ~= 'UNKNOWN' then redis.call('ZREM', KEYS[5], key) end
+  if state == 'UNKNOWN' then redis.call('ZADD', KEYS[5], now, key) end
   count(rec.s, -1)
   rec.s = state
   rec.t = token

@@ -25,7 +25,7 @@ from .errors import (
     VolatileLedgerError,
 )
 from .identity import Effect
-from .records import Claim, EffectRecord, Submission, Takeover, Write
+from .records import Claim, EffectRecord, State, Submission, Takeover, Write
 
 __all__ = ["DEFAULT_BUCKETS", "Ledger"]
 
@@ -118,7 +118,13 @@ class Ledger:
 
     def _keys(self, key: str) -> list[str]:
         tag = self._tag(self.bucket_of(key))
-        return [f"{tag}:r:{key}", f"{tag}:leases", f"{tag}:stats", f"{tag}:p:{key}"]
+        return [
+            f"{tag}:r:{key}",
+            f"{tag}:leases",
+            f"{tag}:stats",
+            f"{tag}:p:{key}",
+            f"{tag}:unknown",
+        ]
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -202,16 +208,24 @@ class Ledger:
 
     def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
         """The most recent dead-letter records, newest first."""
-        entries: list[tuple[str, dict[str, str]]] = self.client.xrevrange(  # type: ignore[assignment]
-            f"{self.namespace}:deadletters", count=count
-        )
+        return self._newest(f"{self.namespace}:deadletters", count)
+
+    def _newest(self, stream: str, count: int) -> list[dict[str, str]]:
+        try:
+            entries: list[tuple[str, dict[str, str]]] = self.client.xrevrange(  # type: ignore[assignment]
+                stream, count=count
+            )
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return [{"id": entry_id, **fields} for entry_id, fields in entries]
 
     # -- worker transitions -----------------------------------------------------------
 
     def claim(self, effect: Effect, *, lease_s: float, holder: str) -> Claim:
         """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked."""
-        request = _compact({"scope": effect.scope, "args": dict(effect.args)})
+        request = _compact(
+            {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
+        )
         self._bounded("request", request, self.max_request_bytes, effect.key)
         reply = self._call(
             "claim", effect.key, effect.fingerprint, effect.tool, _ms(lease_s), holder, request
@@ -304,15 +318,60 @@ class Ledger:
     # -- reads ------------------------------------------------------------------------
 
     def get(self, key: str) -> EffectRecord | None:
-        record_key = self._keys(key)[0]
+        return self.get_many([key])[key]
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, EffectRecord | None]:
+        """Records of ``keys`` in one pipelined round trip (None where there is none)."""
+        keys = list(keys)
         try:
             pipe = self.client.pipeline(transaction=False)
-            pipe.get(record_key)
-            pipe.pttl(record_key)
-            blob, ttl = pipe.execute()
+            for key in keys:
+                record_key = self._keys(key)[0]
+                pipe.get(record_key)
+                pipe.pttl(record_key)
+            replies = pipe.execute()
         except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
-        return None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+        return {
+            key: None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
+            for key, blob, ttl in zip(keys, replies[::2], replies[1::2], strict=True)
+        }
+
+    def keys_in(self, state: State, *, limit: int = 1000) -> list[str]:
+        """Keys of records in ``state``. UNKNOWN, CLAIMED and RECONCILING come from the
+        bucket indexes; the expiring states need a SCAN of the keyspace, bounded by
+        ``limit``."""
+        try:
+            if state in (State.UNKNOWN, State.CLAIMED, State.RECONCILING):
+                index = "unknown" if state is State.UNKNOWN else "leases"
+                pipe = self.client.pipeline(transaction=False)
+                for bucket in range(self.buckets):
+                    pipe.zrange(f"{self._tag(bucket)}:{index}", 0, limit - 1)
+                keys = [str(k) for found in pipe.execute() for k in found]
+            else:
+                keys = []
+                for name in self.client.scan_iter(match=f"{{{self.namespace}:*}}:r:*", count=1000):
+                    keys.append(str(name).rsplit(":", 1)[1])
+                    if len(keys) >= 20 * limit:
+                        break
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+        if state is State.UNKNOWN:
+            return keys[:limit]
+        records = self.get_many(keys)
+        return [k for k, r in records.items() if r is not None and r.state is state][:limit]
+
+    def audit(self, **fields: str) -> str:
+        """Append an operator action to the audit stream (never trimmed)."""
+        try:
+            entry = self.client.xadd(f"{self.namespace}:audit", fields)  # type: ignore[arg-type]
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"audit stream unavailable: {exc}") from None
+        return str(entry)
+
+    def audit_log(self, count: int = 100) -> list[dict[str, str]]:
+        """The most recent audit entries, newest first."""
+        return self._newest(f"{self.namespace}:audit", count)
 
     def server_time_ms(self) -> int:
         try:

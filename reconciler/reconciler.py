@@ -56,7 +56,12 @@ class Decision:
 
 
 def decide(
-    takeover: Takeover, spec: ToolSpec | None, result: LookupResult | None, *, budget: int
+    takeover: Takeover,
+    spec: ToolSpec | None,
+    result: LookupResult | None,
+    *,
+    budget: int,
+    backoff_s: float = 1.0,
 ) -> Decision:
     """The reconciler's decision for one taken-over effect; pure, so it can be read alone."""
     if spec is None:
@@ -72,7 +77,7 @@ def decide(
                 "unknown", f"lookup unavailable {takeover.rounds} times: {result.reason}"
             )
         return Decision("defer", f"lookup unavailable: {result.reason}",
-                        delay_s=min(2.0**takeover.rounds, 60.0))  # fmt: skip
+                        delay_s=min(backoff_s * 2.0**takeover.rounds, 60.0))  # fmt: skip
     assert isinstance(result, NotFound)
     if not result.authoritative:
         return Decision("unknown", "not found, from a lookup that is not authoritative")
@@ -98,6 +103,7 @@ class Reconciler:
         *,
         lease_s: float = 30.0,
         budget: int = 5,
+        backoff_s: float = 1.0,
         batch: int = 100,
         holder: str | None = None,
     ) -> None:
@@ -105,6 +111,7 @@ class Reconciler:
         self.specs = dict(specs)
         self.lease_s = lease_s
         self.budget = budget
+        self.backoff_s = backoff_s
         self.batch = batch
         self.holder = holder or f"reconciler@{socket.gethostname()}:{os.getpid()}"
 
@@ -119,7 +126,7 @@ class Reconciler:
             failpoint("before_lookup")
             result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
             failpoint("after_lookup")
-        decision = decide(takeover, spec, result, budget=self.budget)
+        decision = decide(takeover, spec, result, budget=self.budget, backoff_s=self.backoff_s)
         retention = spec.retention_s if spec is not None else 7 * 86400.0
         if decision.action == "done":
             assert decision.receipt is not None

@@ -1,8 +1,8 @@
 """The ``effectq`` command line (DESIGN §8).
 
 ``--json`` prints one JSON document on stdout. Exit status 0 on success; otherwise
-non-zero with a one-line reason on stderr (2 bad input, 3 conflict, 4 blocked, 5 timeout,
-6 not found, 7 ledger or broker unavailable).
+non-zero with a one-line reason on stderr: 2 bad input, 3 conflict, 4 blocked, 5 timeout,
+6 not found, 7 ledger or broker unavailable, 8 refused by the state table.
 """
 
 from __future__ import annotations
@@ -10,14 +10,27 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from typing import Annotated, Any, NoReturn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
-from dedupe import EffectqError, IdentityError, LedgerUnavailableError, MessageError
+from dedupe import (
+    EffectqError,
+    LedgerUnavailableError,
+    OperatorError,
+    State,
+    TransitionRefusedError,
+)
 
 from .settings import settings
+
+if TYPE_CHECKING:
+    from dedupe import EffectRecord
+    from reconciler import Operator
 
 app = typer.Typer(
     name="effectq",
@@ -33,6 +46,25 @@ out = Console(highlight=False, soft_wrap=True)
 def fail(code: int, reason: str) -> NoReturn:
     err.print(f"effectq: {reason}", markup=False)
     raise typer.Exit(code)
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    """One mapping from effectq's error tree to exit codes, for every command."""
+    from .producer import WaitTimeout
+
+    try:
+        yield
+    except WaitTimeout as exc:
+        fail(5, exc.message)
+    except LedgerUnavailableError as exc:
+        fail(7, exc.message)
+    except TransitionRefusedError as exc:
+        fail(8, exc.message)
+    except OperatorError as exc:
+        fail(6 if exc.message.startswith("no effect") else 2, exc.message)
+    except EffectqError as exc:
+        fail(2, exc.message)
 
 
 def emit(document: Any) -> None:
@@ -129,22 +161,14 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Submit one tool call (deduplicated before the broker)."""
-    from .producer import Status, WaitTimeout
+    from .producer import Status
     from .producer import submit as do_submit
 
     load_tools()
-    try:
+    with errors():
         handle = do_submit(tool, scope=scope, action=action, **_parse_args(arg or []))
         if wait is not None and handle.status in (Status.ENQUEUED, Status.PENDING):
             handle.wait(wait)
-    except WaitTimeout as exc:
-        fail(5, exc.message)
-    except LedgerUnavailableError as exc:
-        fail(7, exc.message)
-    except (IdentityError, MessageError) as exc:
-        fail(2, exc.message)
-    except EffectqError as exc:
-        fail(2, exc.message)
     document = handle.as_dict()
     if as_json:
         emit(document)
@@ -174,47 +198,156 @@ def reconciler(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     load_tools()
-    try:
-        pool = Reconciler(runtime.ledger(), {name: t.spec for name, t in TOOLS.items()})
+    with errors():
+        cfg = settings()
+        pool = Reconciler(
+            runtime.ledger(),
+            {name: t.spec for name, t in TOOLS.items()},
+            lease_s=cfg.reconciler_lease_s,
+            budget=cfg.reconciler_budget,
+            backoff_s=cfg.reconciler_backoff_s,
+        )
         if once:
             outcomes = pool.run_once()
             if as_json:
                 emit(dict(outcomes))
             return
-    except LedgerUnavailableError as exc:
-        fail(7, exc.message)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     pool.run(interval_s=interval, stop=stop)
 
 
-@app.command()
-def inspect(key: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show one effect's record: state, token, receipt, late receipts, history."""
-    from . import runtime
+def _operator() -> Operator:
+    from reconciler import Operator
 
-    try:
-        record = runtime.ledger().get(key)
-    except LedgerUnavailableError as exc:
-        fail(7, exc.message)
-    if record is None:
-        fail(6, f"no effect with key {key}")
+    from . import runtime
+    from .tool import TOOLS
+
+    load_tools()
+    return Operator(runtime.ledger(), {name: t.spec for name, t in TOOLS.items()})
+
+
+Actor = Annotated[str, typer.Option(help="who acts (recorded in the audit stream)")]
+Reason = Annotated[str, typer.Option(help="why (recorded in the audit stream)")]
+Json = Annotated[bool, typer.Option("--json")]
+
+
+@app.command()
+def inspect(key: str, as_json: Json = False) -> None:
+    """Show one effect: state, token, receipt, raw response, late receipts, decisions."""
+    with errors():
+        record = _operator().inspect(key)
     document = record.as_dict()
     if as_json:
         emit(document)
         return
-    for name in ("key", "state", "tool", "token", "generation", "attempts", "reason", "holder"):
-        out.print(f"{name:>11}: {document[name]}", markup=False)
-    out.print(f"{'receipt':>11}: {json.dumps(document['receipt'])}", markup=False)
-    for late in record.late_receipts:
-        out.print(
-            f"{'late':>11}: token {late['token']} {json.dumps(late['receipt'])}", markup=False
+    rows = [(name, str(document[name])) for name in _INSPECT_FIELDS]
+    rows.append(("receipt", json.dumps(document["receipt"])))
+    rows += [
+        ("late", f"token {r['token']} {json.dumps(r['receipt'])}") for r in record.late_receipts
+    ]
+    rows += [("history", f"{h.at_ms} {h.state} t{h.token} {h.note}") for h in record.history]
+    for label, text in rows:
+        out.print(f"{label:>11}: {text}", markup=False)
+
+
+_INSPECT_FIELDS = ("key", "state", "tool", "token", "generation", "attempts", "reason", "holder")
+
+
+@app.command(name="list")
+def list_(
+    state: Annotated[
+        str | None, typer.Option(help="UNKNOWN (the work queue), CLAIMED, ...")
+    ] = None,
+    tool: str | None = None,
+    limit: int = 100,
+    as_json: Json = False,
+) -> None:
+    """List effects by state (default: everything not yet settled)."""
+    try:
+        wanted = State(state.upper()) if state else None
+    except ValueError:
+        fail(2, f"unknown state {state!r} (one of {', '.join(s.value for s in State)})")
+    with errors():
+        records = _operator().list(state=wanted, tool=tool, limit=limit)
+    if as_json:
+        emit([r.as_dict() for r in records])
+        return
+    table = Table("key", "state", "tool", "token", "reason", box=None)
+    for r in records:
+        table.add_row(r.key, r.state.value, r.tool, str(r.token), r.reason)
+    out.print(table)
+
+
+@app.command()
+def resolve(
+    key: str,
+    actor: Actor,
+    reason: Reason,
+    executed: Annotated[bool, typer.Option("--executed/--not-executed")] = ...,  # type: ignore[assignment]
+    receipt: Annotated[str | None, typer.Option(help="the provider's receipt, JSON")] = None,
+    override_evidence: bool = False,
+    as_json: Json = False,
+) -> None:
+    """Settle an UNKNOWN effect with evidence: --executed --receipt JSON, or --not-executed."""
+    parsed = None
+    if receipt is not None:
+        try:
+            parsed = json.loads(receipt)
+        except json.JSONDecodeError as exc:
+            fail(2, f"--receipt is not JSON ({exc.msg})")
+        if not isinstance(parsed, dict):
+            fail(2, "--receipt must be a JSON object")
+    with errors():
+        write = _operator().resolve(
+            key, executed=executed, actor=actor, reason=reason, receipt=parsed,
+            override_evidence=override_evidence,
+        )  # fmt: skip
+    _done(key, write.state, write.token, as_json)
+
+
+@app.command()
+def revoke(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+    """Void a DONE effect; the next submission opens generation n+1."""
+    with errors():
+        write = _operator().revoke(key, actor=actor, reason=reason)
+    _done(key, write.state, write.token, as_json)
+
+
+@app.command()
+def supersede(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+    """Replace a DONE effect; the next submission opens generation n+1."""
+    with errors():
+        write = _operator().supersede(key, actor=actor, reason=reason)
+    _done(key, write.state, write.token, as_json)
+
+
+@app.command()
+def replay(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+    """Send a FAILED / REVOKED / SUPERSEDED effect's stored request again."""
+    from .producer import submit as do_submit
+
+    def enqueue(record: EffectRecord) -> str:
+        request = record.request or {}
+        handle = do_submit(
+            record.tool, scope=request["scope"], action=request.get("action"), **request["args"]
         )
-    for step in record.history:
-        out.print(
-            f"{'history':>11}: {step.at_ms} {step.state} t{step.token} {step.note}", markup=False
-        )
+        return handle.status.value
+
+    with errors():
+        status = _operator().replay(key, actor=actor, reason=reason, enqueue=enqueue)
+    if as_json:
+        emit({"key": key, "status": status})
+    else:
+        out.print(f"{status}  {key}", markup=False)
+
+
+def _done(key: str, state: str, token: int, as_json: bool) -> None:
+    if as_json:
+        emit({"key": key, "state": state, "token": token})
+    else:
+        out.print(f"{state}  {key}  token {token}", markup=False)
 
 
 @app.command()

@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     max_retries: int = 20
     pending_ttl_s: float = 3600.0
     provider_timeout_s: float = 10.0
+    # The reconciler: lookups that fail are retried with backoff (base * 2^round seconds,
+    # at most 60) for this many rounds, then the effect is UNKNOWN.
+    reconciler_budget: int = 5
+    reconciler_backoff_s: float = 1.0
+    reconciler_lease_s: float = 30.0
     # Lease and settle window of the shipped example tools (demo and tests shorten them).
     example_lease_s: float = 30.0
     example_settle_s: float = 5.0

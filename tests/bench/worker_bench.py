@@ -272,7 +272,7 @@ class Bench:
         keys = self.fill(kind, scope, n)
         if (held := self.leftovers(queue)) != {"live": n, "delayed": 0, "dead": 0}:
             raise RuntimeError(f"{queue}: expected {n} queued messages, found {held}")
-        name = self._hash(queue)
+        pending = self._hash(queue)
         log = self.log_dir / f"pool-{kind}-{rnd}.log"
         client = self.client
         pool = self.start_pool(queue, log)
@@ -283,13 +283,15 @@ class Bench:
             left_first = n
             trace: list[tuple[float, int]] = []
             while True:
-                left = int(client.hlen(name))
+                left = int(client.hlen(pending))
                 now = time.perf_counter()
                 if first is None and left < n:
                     first = Sample.take(client, pool.pid)
-                    left_first = int(client.hlen(name))
+                    left_first = int(client.hlen(pending))
                     now = first.t = time.perf_counter()
                     left = left_first
+                    if left_first == 0:
+                        raise RuntimeError(f"{kind}: drained before the first poll; raise --n")
                 trace.append((now, left))
                 if left == 0:
                     break

@@ -85,6 +85,7 @@ def test_first_claim_is_acquired_with_token_one(ledger: Ledger) -> None:
     assert record is not None and record.state is State.CLAIMED
     assert record.holder == "w/1" and record.request == {
         "scope": effect.scope,
+        "action": effect.action,
         "args": dict(effect.args),
     }
 
@@ -192,7 +193,11 @@ def test_expired_claim_taken_over_becomes_reconciling_under_a_new_token(ledger: 
     old = expired(ledger, effect)
     takeover = ledger.takeover(effect.key, lease_s=30, holder="r/1")
     assert takeover is not None and takeover.token == old + 1
-    assert takeover.request == {"scope": effect.scope, "args": dict(effect.args)}
+    assert takeover.request == {
+        "scope": effect.scope,
+        "action": effect.action,
+        "args": dict(effect.args),
+    }
     assert state(ledger, effect) is State.RECONCILING
 
 

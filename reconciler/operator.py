@@ -1,0 +1,164 @@
+"""Operator actions: inspect, list, resolve, revoke, supersede, replay.
+
+Every action names an actor and a reason, is appended to the ledger's audit stream (refusals
+too), and is refused — with a specific message — where it would hide an unreconciled
+effect. The transitions themselves are the ledger's (``operate`` in ``ledger.lua``); this
+module adds the evidence rules and the audit trail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dedupe import (
+    EffectRecord,
+    Ledger,
+    OperatorError,
+    State,
+    ToolSpec,
+    TransitionRefusedError,
+    Write,
+)
+
+__all__ = ["Operator"]
+
+MAX_TEXT = 200
+_CLAIMABLE = (State.FAILED, State.REVOKED, State.SUPERSEDED)
+DEFAULT_RETENTION_S = 7 * 86400.0
+
+
+class Operator:
+    def __init__(self, ledger: Ledger, specs: Mapping[str, ToolSpec] | None = None) -> None:
+        self.ledger = ledger
+        self.specs = dict(specs or {})
+
+    # -- reads ------------------------------------------------------------------------
+
+    def inspect(self, key: str) -> EffectRecord:
+        record = self.ledger.get(key)
+        if record is None:
+            raise OperatorError(f"no effect with key {key}", key=key)
+        return record
+
+    def list(
+        self, *, state: State | None = None, tool: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """Records in ``state`` (UNKNOWN: the work queue), optionally of one tool."""
+        states = [state] if state else [State.UNKNOWN, State.RECONCILING, State.CLAIMED]
+        keys = [k for s in states for k in self.ledger.keys_in(s, limit=limit)]
+        records = [r for r in self.ledger.get_many(keys).values() if r is not None]
+        return [r for r in records if tool is None or r.tool == tool][:limit]
+
+    # -- actions ----------------------------------------------------------------------
+
+    def resolve(
+        self,
+        key: str,
+        *,
+        executed: bool,
+        actor: str,
+        reason: str,
+        receipt: Mapping[str, Any] | None = None,
+        override_evidence: bool = False,
+    ) -> Write:
+        """Settle an UNKNOWN effect with the operator's evidence."""
+        action = "resolve_done" if executed else "resolve_failed"
+
+        def check(record: EffectRecord) -> None:
+            if executed and receipt is None:
+                raise OperatorError("resolve --executed needs the receipt as evidence", key=key)
+            if not executed and record.late_receipts and not override_evidence:
+                raise TransitionRefusedError(
+                    f"refused: {len(record.late_receipts)} late receipt(s) say the effect may "
+                    "have happened; pass --override-evidence to resolve it as not executed",
+                    key=key,
+                    state=record.state.value,
+                )
+
+        return self._act(key, action, actor, reason, check=check, receipt=receipt)
+
+    def revoke(self, key: str, *, actor: str, reason: str) -> Write:
+        """Void a DONE effect; the next claim opens generation n+1 (history is kept)."""
+        return self._act(key, "revoke", actor, reason)
+
+    def supersede(self, key: str, *, actor: str, reason: str) -> Write:
+        """Replace a DONE effect; the next claim opens generation n+1 (history is kept)."""
+        return self._act(key, "supersede", actor, reason)
+
+    def replay(
+        self, key: str, *, actor: str, reason: str, enqueue: Callable[[EffectRecord], str]
+    ) -> str:
+        """Send the stored request again, only where a claim would be granted; ``enqueue``
+        submits it (the workers' producer) and returns its submit status."""
+        _check_words(actor, reason)
+        record = self.inspect(key)
+        if record.state not in _CLAIMABLE or record.request is None:
+            message = (
+                f"replay refused: effect is {record.state.value}; only FAILED, REVOKED or "
+                "SUPERSEDED effects with a stored request can be replayed"
+            )
+            self._audit("replay", key, actor, reason, f"refused: {message}")
+            raise TransitionRefusedError(message, key=key, state=record.state.value)
+        status = enqueue(record)
+        self._audit("replay", key, actor, reason, status)
+        return status
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _act(
+        self,
+        key: str,
+        action: str,
+        actor: str,
+        reason: str,
+        *,
+        check: Callable[[EffectRecord], None] | None = None,
+        receipt: Mapping[str, Any] | None = None,
+    ) -> Write:
+        _check_words(actor, reason)
+        record = self.inspect(key)
+        spec = self.specs.get(record.tool)
+        retention = spec.retention_s if spec else DEFAULT_RETENTION_S
+        try:
+            if check is not None:
+                check(record)
+        except (OperatorError, TransitionRefusedError) as exc:
+            self._audit(action, key, actor, reason, f"refused: {exc.message}")
+            raise
+        try:
+            write = self.ledger.operate(
+                key, action, note=f"{action} by {actor}: {reason}", retention_s=retention,
+                receipt=receipt,
+            )  # fmt: skip
+        except TransitionRefusedError as exc:
+            # The ledger decides (it may have moved since we read it); say why in words.
+            refusal = TransitionRefusedError(_refusal(action, exc.state), key=key, state=exc.state)
+            self._audit(action, key, actor, reason, f"refused: {refusal.message}")
+            raise refusal from None
+        self._audit(action, key, actor, reason, f"ok: {write.state} token {write.token}")
+        return write
+
+    def _audit(self, action: str, key: str, actor: str, reason: str, outcome: str) -> None:
+        self.ledger.audit(action=action, key=key, actor=actor, reason=reason, outcome=outcome)
+
+
+def _refusal(action: str, state: str | None) -> str:
+    if state == State.UNKNOWN.value or action.startswith("resolve"):
+        if state in (State.CLAIMED.value, State.RECONCILING.value):
+            return (
+                f"{action} refused: the effect is {state}, its outcome not yet reconciled; "
+                "only an UNKNOWN effect can be resolved by an operator"
+            )
+        if state == State.UNKNOWN.value:
+            return f"{action} refused: the effect is UNKNOWN; resolve it with evidence first"
+        return f"{action} refused: the effect is {state}; only an UNKNOWN effect can be resolved"
+    return f"{action} refused: the effect is {state}; only a DONE effect can be {action}d"
+
+
+def _check_words(actor: str, reason: str) -> None:
+    for name, value in (("actor", actor), ("reason", reason)):
+        if not value or not value.strip():
+            raise OperatorError(f"an operator action needs a non-empty {name}")
+        if len(value) > MAX_TEXT:
+            raise OperatorError(f"{name} is longer than {MAX_TEXT} characters")
