@@ -1,5 +1,6 @@
 """Effect identity and the fenced claim ledger on Redis. No Dramatiq here."""
 
+from .campaigns import CampaignPlan, CampaignStore, campaign_tag
 from .canonical import canonical_bytes
 from .errors import (
     CanonicalizationError,
@@ -36,6 +37,8 @@ from .records import (
 from .spec import Found, Lookup, LookupResult, NotFound, ToolSpec, Unavailable
 
 __all__ = [
+    "CampaignPlan",
+    "CampaignStore",
     "CanonicalizationError",
     "Claim",
     "ClaimOutcome",
@@ -70,6 +73,7 @@ __all__ = [
     "ValueTooLargeError",
     "VolatileLedgerError",
     "Write",
+    "campaign_tag",
     "canonical_bytes",
     "derive",
     "idempotency_key",

@@ -12,7 +12,8 @@
 --                              UNKNOWN (the states that never expire); counters
 --                              "fenced:<op>" (stale writes refused), "dup_submit:<tool>",
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
---                              "conflict:<tool>"
+--                              "conflict:<tool>"; "cp:<campaign tag>:<STATE>" -> records of
+--                              one campaign in each state (campaign status without a scan)
 --   KEYS[4]  pending  string: "<fingerprint>|<message id>" of a live broker message for this
 --                              effect (producer-side dedupe before the broker); expires by
 --                              itself, cleared on DONE and on dead-letter
@@ -25,6 +26,7 @@
 --   d lease deadline ms (CLAIMED/RECONCILING only)    h holder (CLAIMED/RECONCILING only)
 --   a ms of the last granted claim (when the effect may first have been sent)
 --   x ms the reconciler first took it over, ra reconciler takeovers (RECONCILING only)
+--   cp campaign tag (a hash of the campaign id) when the effect belongs to a campaign
 --   q request (opaque JSON text)   r receipt (opaque JSON text)   raw provider's raw
 --   response when it differs from r   lr late receipts [[token, receipt, ms], ...]
 --   y history [[state, token, ms, note], ...] (the last HISTORY entries)
@@ -57,6 +59,10 @@ local function move(state, token, note, deadline)
   if rec.s == 'UNKNOWN' and state ~= 'UNKNOWN' then redis.call('ZREM', KEYS[5], key) end
   if state == 'UNKNOWN' then redis.call('ZADD', KEYS[5], now, key) end
   count(rec.s, -1)
+  if rec.cp then
+    if rec.s then redis.call('HINCRBY', KEYS[3], 'cp:' .. rec.cp .. ':' .. rec.s, -1) end
+    redis.call('HINCRBY', KEYS[3], 'cp:' .. rec.cp .. ':' .. state, 1)
+  end
   rec.s = state
   rec.t = token
   count(state, 1)
@@ -100,7 +106,7 @@ local function refused()
   return {'refused', 'ABSENT', 0}
 end
 
--- claim(fingerprint, tool, lease_ms, holder, request)
+-- claim(fingerprint, tool, lease_ms, holder, request, campaign tag or '')
 --   none | FAILED | REVOKED | SUPERSEDED -> CLAIMED, token+1       => acquired
 --   otherwise: fingerprint differs                                 => conflict
 --   DONE                                                           => duplicate(receipt)
@@ -108,9 +114,10 @@ end
 --   CLAIMED with an expired lease, UNKNOWN                         => blocked
 local function claim()
   local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+  local campaign = ARGV[8] ~= '' and ARGV[8] or nil
   local deadline = now + lease_ms
   if not rec then
-    rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now}
+    rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign}
     move('CLAIMED', 1, 'claim', deadline)
     rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
     redis.call('SET', KEYS[1], cjson.encode(rec), 'NX')
@@ -259,7 +266,9 @@ local function operate()
   return {'ok', rule.to, rec.t}
 end
 
--- submit(fingerprint, tool, pending_ms, message_id): may the producer enqueue a message?
+-- submit(fingerprint, tool, pending_ms, message_id, force): may the producer enqueue?
+-- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
+-- may have been lost, and a second message for one effect is harmless (the claim decides).
 -- Reads the record, writes only the pending marker and counters: not a state transition.
 --   DONE, same fingerprint                        => done(receipt)
 --   fingerprint differs (and the key is held)     => conflict
@@ -269,6 +278,7 @@ end
 --                                   => conflict, with this one => pending, none => enqueue
 local function submit()
   local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+  local force = ARGV[7] == '1'
   local s = rec and rec.s
   local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
   if not free then
@@ -284,7 +294,7 @@ local function submit()
     return {'blocked', s, rec.t}
   end
   local marker = redis.call('GET', KEYS[4])
-  if not marker then
+  if not marker or (force and string.sub(marker, 1, #fp) == fp) then
     redis.call('SET', KEYS[4], fp .. '|' .. message_id, 'PX', pending_ms)
     return {'enqueue', s or 'ABSENT', rec and rec.t or 0}
   end

@@ -32,6 +32,14 @@ __all__ = ["DEFAULT_BUCKETS", "Ledger"]
 DEFAULT_BUCKETS = 256
 _SCRIPT = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
 _ENV_VOLATILE = "EFFECTQ_ALLOW_VOLATILE_LEDGER"
+# Group membership on the server's clock: refresh one member, drop the silent, list the rest.
+_MEMBERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
 
 
 def _compact(value: Any) -> str:
@@ -91,6 +99,7 @@ class Ledger:
         # register_script evaluates by SHA and reloads on NOSCRIPT, so a Redis restart or
         # failover (which empties the script cache) costs one extra round trip, not an error.
         self._script: Script = client.register_script(_SCRIPT)
+        self._members: Script = client.register_script(_MEMBERS)
         if allow_volatile is None:
             allow_volatile = _env_flag(_ENV_VOLATILE)
         if not allow_volatile:
@@ -182,10 +191,31 @@ class Ledger:
     def submit(self, effect: Effect, *, message_id: str, pending_s: float) -> Submission:
         """Decide whether a producer may enqueue ``effect``; on "enqueue" a pending marker
         (``message_id``, expiring after ``pending_s``) now stands for the message."""
-        reply = self._call(
-            "submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s), message_id
-        )
-        return Submission.from_reply(effect.key, reply)
+        [answer] = self.submit_many([(effect, message_id)], pending_s=pending_s)
+        return answer
+
+    def submit_many(
+        self, calls: list[tuple[Effect, str]], *, pending_s: float, force: bool = False
+    ) -> list[Submission]:
+        """``submit`` for many (effect, message id) pairs in one pipelined round trip.
+        ``force`` enqueues despite a live pending marker (a campaign re-submission)."""
+        pipe = self.client.pipeline(transaction=False)
+        for effect, message_id in calls:
+            argv: list[str | int] = [
+                "submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s),
+                message_id, "1" if force else "0",
+            ]  # fmt: skip
+            self._script(keys=self._keys(effect.key), args=argv, client=pipe)
+        try:
+            replies = pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+        except redis.RedisError as exc:
+            raise LedgerError(f"ledger script error: {exc}") from None
+        return [
+            Submission.from_reply(effect.key, list(reply))
+            for (effect, _), reply in zip(calls, replies, strict=True)
+        ]
 
     def clear_pending(self, key: str) -> None:
         """Forget the pending marker: its message was dead-lettered or never enqueued."""
@@ -221,16 +251,17 @@ class Ledger:
 
     # -- worker transitions -----------------------------------------------------------
 
-    def claim(self, effect: Effect, *, lease_s: float, holder: str) -> Claim:
-        """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked."""
+    def claim(
+        self, effect: Effect, *, lease_s: float, holder: str, campaign: str | None = None
+    ) -> Claim:
+        """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked.
+        ``campaign`` (a campaign tag) makes the record count towards its campaign."""
         request = _compact(
             {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
         )
         self._bounded("request", request, self.max_request_bytes, effect.key)
-        reply = self._call(
-            "claim", effect.key, effect.fingerprint, effect.tool, _ms(lease_s), holder, request
-        )
-        return Claim.from_reply(effect.key, reply)
+        argv = [effect.fingerprint, effect.tool, _ms(lease_s), holder, request, campaign or ""]
+        return Claim.from_reply(effect.key, self._call("claim", effect.key, *argv))
 
     def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
         """Extend the lease of CLAIMED / RECONCILING held under ``token``."""
@@ -394,6 +425,36 @@ class Ledger:
         except redis.RedisError as exc:
             raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return [str(key) for keys in found for key in keys]
+
+    def members(self, group: str, member: str, *, ttl_s: float) -> list[str]:
+        """Refresh ``member`` of ``group`` and return the live members (seen within ttl)."""
+        try:
+            live = self._members(keys=[f"{self.namespace}:{group}"], args=[member, _ms(ttl_s)])
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+        return [str(m) for m in live]
+
+    def leave(self, group: str, member: str) -> None:
+        try:
+            self.client.zrem(f"{self.namespace}:{group}", member)
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+
+    def campaign_counts(self, tag: str) -> dict[str, int]:
+        """State → number of records of campaign ``tag``, summed over buckets (no scan)."""
+        states = [s.value for s in State]
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in range(self.buckets):
+            pipe.hmget(f"{self._tag(bucket)}:stats", [f"cp:{tag}:{s}" for s in states])
+        try:
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
+        totals = dict.fromkeys(states, 0)
+        for values in replies:
+            for state, value in zip(states, values, strict=True):
+                totals[state] += int(value or 0)
+        return totals
 
     def counts(self) -> dict[tuple[str, str], int]:
         """(state or "fenced", tool or op) → count, summed over buckets (no keyspace scan)."""

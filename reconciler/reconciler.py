@@ -17,13 +17,15 @@ Several reconcilers may run at once; the token makes every write theirs alone.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
-import random
 import socket
 import threading
+import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,6 +46,10 @@ __all__ = ["Decision", "Reconciler", "decide"]
 log = logging.getLogger(__name__)
 
 Action = Literal["done", "failed", "defer", "unknown"]
+GROUP = "reconcilers"
+# Told of every decision written (or fenced): (tool, action, fenced). workers.metrics adds
+# its counters here; an observer must be cheap and must not raise.
+observers: list[Callable[[str, Action, bool], None]] = []
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,9 @@ class Reconciler:
         self.budget = budget
         self.backoff_s = backoff_s
         self.batch = batch
-        self.holder = holder or f"reconciler@{socket.gethostname()}:{os.getpid()}"
+        self.holder = (
+            holder or f"reconciler@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
 
     def reconcile(self, key: str) -> str | None:
         """Take ``key`` over if its lease has expired and resolve it; the outcome or None."""
@@ -142,18 +150,33 @@ class Reconciler:
             write = self.ledger.heartbeat(key, takeover.token, lease_s=max(decision.delay_s, 0.05))
         else:
             write = self.ledger.mark_unknown(key, takeover.token, reason=decision.reason)
+        for observe in observers:
+            observe(takeover.tool, decision.action, write.fenced)
         if write.fenced:
             return "fenced"
         log.info("%s %s: %s", decision.action, key[:12], decision.reason)
         return decision.action
 
-    def run_once(self) -> Counter[str]:
-        """One pass over every bucket's lease index, starting at a random bucket so that
-        several reconcilers spread out; returns the outcomes counted."""
+    def owned_buckets(self, members: list[str]) -> list[int]:
+        """The buckets this reconciler scans: rendezvous hashing over the live members, so
+        several reconcilers divide the buckets without a leader, and a silent member's
+        buckets pass to the others at their next pass."""
+        if self.holder not in members:
+            members = [*members, self.holder]
+
+        def weight(member: str, bucket: int) -> bytes:
+            return hashlib.sha256(f"{member}/{bucket}".encode()).digest()
+
+        return [
+            bucket
+            for bucket in range(self.ledger.buckets)
+            if max(members, key=lambda m: weight(m, bucket)) == self.holder
+        ]
+
+    def run_once(self, buckets: list[int] | None = None) -> Counter[str]:
+        """One pass over ``buckets`` (default: all); returns the outcomes counted."""
         outcomes: Counter[str] = Counter()
-        start = random.randrange(self.ledger.buckets)
-        order = [(start + i) % self.ledger.buckets for i in range(self.ledger.buckets)]
-        for key in self.ledger.expired(order, limit=self.batch):
+        for key in self.ledger.expired(buckets, limit=self.batch):
             try:
                 outcome = self.reconcile(key)
             except EffectqError as exc:
@@ -165,9 +188,13 @@ class Reconciler:
 
     def run(self, *, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
+        ttl_s = max(5.0, 5 * interval_s)
         while not stop.is_set():
             try:
-                self.run_once()
+                members = self.ledger.members(GROUP, self.holder, ttl_s=ttl_s)
+                self.run_once(self.owned_buckets(members))
             except EffectqError as exc:
                 log.warning("reconciler pass failed: %s", exc)
             stop.wait(interval_s)
+        with contextlib.suppress(EffectqError):
+            self.ledger.leave(GROUP, self.holder)

@@ -343,6 +343,76 @@ def replay(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> Non
         out.print(f"{status}  {key}", markup=False)
 
 
+campaign_app = typer.Typer(help="Campaign batches: frozen plans, fan-out, status.")
+app.add_typer(campaign_app, name="campaign")
+
+
+@campaign_app.command("submit")
+def campaign_submit(
+    path: Annotated[str, typer.Argument(metavar="FILE")], as_json: Json = False
+) -> None:
+    """Freeze and fan out FILE: {campaign_id, tool, action?, args, recipients, plan_version?}."""
+    from rich.progress import Progress
+
+    from .campaign import submit_campaign
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        fail(2, f"cannot read campaign file {path}: {exc}")
+    missing = [k for k in ("campaign_id", "tool", "recipients") if k not in spec]
+    if not isinstance(spec, dict) or missing or not isinstance(spec.get("recipients"), list):
+        fail(2, f"campaign file needs campaign_id, tool and a recipients list (missing {missing})")
+    load_tools()
+    with errors(), Progress(console=err, transient=True, disable=as_json) as bar:
+        task = bar.add_task("fan-out", total=len(spec["recipients"]))
+        report = submit_campaign(
+            str(spec["campaign_id"]), spec["tool"], spec["recipients"], spec.get("args") or {},
+            action=spec.get("action"), plan_version=spec.get("plan_version"),
+            progress=lambda n: bar.advance(task, n),
+        )  # fmt: skip
+    if as_json:
+        emit(report.as_dict())
+        return
+    out.print(
+        f"campaign {report.campaign_id} v{report.plan_version}: {report.recipients} recipients, "
+        f"{report.sent} sent, skipped {report.skipped or 'none'}, {report.collapsed} duplicates "
+        f"collapsed, {len(report.rejected)} rejected, +{report.added} -{report.removed}",
+        markup=False,
+    )
+    for item in report.rejected[:20]:
+        out.print(f"  rejected #{item['index']}: {item['reason']}", markup=False)
+
+
+@campaign_app.command("status")
+def campaign_status(
+    campaign_id: Annotated[str, typer.Argument(metavar="ID")],
+    cursor: int = 0,
+    page_size: int = 100,
+    as_json: Json = False,
+) -> None:
+    """Counts per recipient state, the never-sent diff, and a page of recipients."""
+    from .campaign import campaign_status as status
+
+    with errors():
+        document = status(campaign_id, cursor=cursor, page_size=page_size)
+    if as_json:
+        emit(document)
+        return
+    out.print(
+        f"campaign {campaign_id} v{document['plan_version']}: {document['counts']}; "
+        f"approved but never sent: {document['approved_but_never_sent']}",
+        markup=False,
+    )
+    table = Table("recipient", "state", "key", box=None)
+    for row in document["recipients"]:
+        table.add_row(row["recipient"], row["state"], row["key"])
+    out.print(table)
+    if document["next_cursor"]:
+        out.print(f"more: --cursor {document['next_cursor']}", markup=False)
+
+
 def _done(key: str, state: str, token: int, as_json: bool) -> None:
     if as_json:
         emit({"key": key, "state": state, "token": token})

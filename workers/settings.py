@@ -22,7 +22,13 @@ class Settings(BaseSettings):
     tools: str = Field(default="workers.examples", description="module declaring the tools")
     allow_volatile_ledger: bool = False
     failpoints: str = ""
+    # Metrics (docs/metrics.md): the exposition port of a worker pool's supervisor or of a
+    # reconciler (0: none), its address, the pool's prometheus-client multiprocess directory
+    # (empty: a fresh temporary one), and a switch for the worker path's counters.
     metrics_port: int = 9191
+    metrics_host: str = "0.0.0.0"
+    metrics_dir: str = ""
+    metrics_enabled: bool = True
     queue: str = "effectq"
     # Dramatiq's Redis broker requeues a dead worker's messages only after this heartbeat
     # timeout, and only during a maintenance pass (chance per million commands).

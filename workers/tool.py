@@ -64,12 +64,14 @@ class Envelope(BaseModel):
     scope: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     action: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     args: dict[str, JsonValue]
+    campaign: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
 
     @classmethod
-    def of(cls, effect: Effect) -> Envelope:
+    def of(cls, effect: Effect, campaign: str | None = None) -> Envelope:
         return cls(
-            v=1, key=effect.key, scope=effect.scope, action=effect.action, args=dict(effect.args)
-        )
+            v=1, key=effect.key, scope=effect.scope, action=effect.action,
+            args=dict(effect.args), campaign=campaign,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,9 @@ class EffectTool:
             keeper = self._keepers[pid] = LeaseKeeper(runtime.ledger())
         return keeper
 
-    def _effect_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Effect:
+    def _effect_of(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Effect, str | None]:
         if kwargs or len(args) != 1 or not isinstance(args[0], dict):
             raise MessageError(f"{self.name}: a message carries exactly one envelope object")
         try:
@@ -185,7 +189,7 @@ class EffectTool:
                 f"({effect.key[:12]}…)",
                 key=envelope.key,
             )
-        return effect
+        return effect, envelope.campaign
 
     def _perform(self, *args: Any, **kwargs: Any) -> None:
         message = CurrentMessage.get_current_message()
@@ -194,11 +198,12 @@ class EffectTool:
         retries = int(message.options.get("retries", 0)) if message else 0
         # A retry after the provider forgot the idempotency key would be a fresh effect.
         give_up = age_s > self.spec.provider_window_s
-        effect = self._effect_of(args, kwargs)
+        effect, campaign = self._effect_of(args, kwargs)
         ledger = runtime.ledger()
+        holder = f"{_HOST}:{os.getpid()}/{message_id}"
         try:
             claim = ledger.claim(
-                effect, lease_s=self.spec.lease_s, holder=f"{_HOST}:{os.getpid()}/{message_id}"
+                effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign
             )
         except LedgerUnavailableError as exc:
             raise RetryLater(

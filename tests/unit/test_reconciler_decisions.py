@@ -67,3 +67,21 @@ def test_no_lookup_or_undeclared_tool_is_unknown_at_once() -> None:
     blind = ToolSpec(name="charge", identity=("c",))
     assert decide(takeover(), blind, None, budget=5).action == "unknown"
     assert decide(takeover(), None, None, budget=5).action == "unknown"
+
+
+def test_reconcilers_divide_the_buckets_without_a_leader() -> None:
+    from reconciler import Reconciler
+
+    class _Ledger:
+        buckets = 256
+
+    members = ["r-a", "r-b", "r-c"]
+    owned = [Reconciler(_Ledger(), {}, holder=m).owned_buckets(members) for m in members]  # type: ignore[arg-type]
+    assert sorted(b for o in owned for b in o) == list(range(256))  # each bucket once
+    assert all(40 < len(o) < 130 for o in owned)
+    # A member that falls silent leaves the list; its buckets pass to the others.
+    survivors = [
+        Reconciler(_Ledger(), {}, holder=m).owned_buckets(members[:2]) for m in members[:2]
+    ]  # type: ignore[arg-type]
+    assert sorted(b for o in survivors for b in o) == list(range(256))
+    assert set(owned[0]) <= set(survivors[0])

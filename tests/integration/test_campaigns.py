@@ -1,0 +1,152 @@
+"""Campaign batches over real workers and the real sandbox: frozen plans, safe
+re-submission, plan versions, and status from counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dedupe import CampaignStore, ConflictError
+from tests.support.stack import broker_messages, wait_for
+from workers import runtime
+from workers.campaign import campaign_status, submit_campaign
+from workers.local import LocalStack
+
+DRAINED = {"live": 0, "delayed": 0, "dead": 0}
+TEMPLATE = {"subject": "Spring sale", "body": "Hello!"}
+
+
+def _people(n: int, start: int = 0) -> list[str]:
+    return [f"person{i}@example.com" for i in range(start, start + n)]
+
+
+def _counts(**nonzero: int) -> dict[str, int]:
+    return {"pending": 0, "done": 0, "failed": 0, "unknown": 0, "revoked": 0, **nonzero}
+
+
+def _all_done(campaign_id: str, total: int) -> bool:
+    return campaign_status(campaign_id)["counts"].get("done") == total
+
+
+def test_pool_killed_mid_campaign_then_resubmitted_sends_each_recipient_once(
+    live: LocalStack,
+) -> None:
+    live.sandbox.configure(provider_idempotency=False, latency_ms=30)
+    report = submit_campaign("spring-1", "send_email", _people(100), TEMPLATE, action="notice")
+    assert (report.recipients, report.sent) == (100, 100)
+    pool = live.start_workers(1, 4)
+    wait_for(lambda: live.stats()["total"] >= 40, what="~40 sent")
+    os.killpg(pool.pid, signal.SIGKILL)  # the whole pool, supervisor included
+    pool.wait()
+    live.pools.remove(pool)
+    done_before = campaign_status("spring-1")["counts"].get("done", 0)
+    again = submit_campaign("spring-1", "send_email", _people(100), TEMPLATE, action="notice")
+    assert again.skipped.get("done", 0) == done_before
+    assert again.sent + sum(again.skipped.values()) == 100
+    assert again.sent <= 100 - done_before
+    live.start_workers(2, 4)
+    live.start_reconciler()
+    wait_for(lambda: _all_done("spring-1", 100), what="all DONE", timeout=90)
+    wait_for(lambda: broker_messages(live) == DRAINED, what="drained", timeout=60)
+    stats = live.stats()
+    assert stats["total"] == 100 and set(stats["executions"].values()) == {1}
+    status = campaign_status("spring-1", page_size=1000)
+    assert status["counts"] == _counts(done=100)
+    assert status["approved_but_never_sent"] == 0
+    assert {r["state"] for r in status["recipients"]} == {"done"}
+
+
+def test_reworded_resubmission_sends_nothing_new(live: LocalStack) -> None:
+    live.start_workers(1, 4)
+    submit_campaign("spring-2", "send_email", _people(10), TEMPLATE)
+    wait_for(lambda: _all_done("spring-2", 10), what="sent")
+    reworded = {"subject": "SPRING SALE!!", "body": "Hi there"}
+    again = submit_campaign("spring-2", "send_email", _people(10), reworded)
+    assert again.sent == 0 and again.skipped == {"done": 10}
+    assert live.stats()["total"] == 10
+    key = campaign_status("spring-2")["recipients"][0]["key"]
+    receipt = runtime.ledger().get(key).receipt  # type: ignore[union-attr]
+    assert receipt is not None and receipt["body"]["subject"] == "Spring sale"
+
+
+def test_spellings_of_one_address_collapse_to_one_effect(live: LocalStack) -> None:
+    report = submit_campaign(
+        "spring-3", "send_email", ["Anna@Example.com ", "anna@example.com", "bob@example.com"],
+        TEMPLATE,
+    )  # fmt: skip
+    assert (report.recipients, report.collapsed, report.sent) == (2, 1, 2)
+
+
+def test_invalid_recipients_are_rejected_one_by_one(live: LocalStack) -> None:
+    report = submit_campaign("spring-4", "send_email", ["ok@example.com", "nope", 7], TEMPLATE)
+    assert report.recipients == 1
+    assert [r["index"] for r in report.rejected] == [1, 2]
+    assert "not an email address" in report.rejected[0]["reason"]
+    assert all("nope" not in r["reason"] for r in report.rejected)
+
+
+def test_changed_list_is_a_conflict_unless_a_new_plan_version(live: LocalStack) -> None:
+    live.start_workers(1, 4)
+    submit_campaign("spring-5", "send_email", _people(10), TEMPLATE)
+    wait_for(lambda: _all_done("spring-5", 10), what="v1 sent")
+    changed = _people(8) + _people(3, start=100)  # two removed, three added
+    with pytest.raises(ConflictError, match=r"changed recipient list .* \(\+3 -2 recipients\)"):
+        submit_campaign("spring-5", "send_email", changed, TEMPLATE)
+    v2 = submit_campaign("spring-5", "send_email", changed, TEMPLATE, plan_version=2)
+    assert (v2.plan_version, v2.added, v2.removed, v2.sent) == (2, 3, 2, 3)
+    assert v2.skipped == {"done": 8}
+    wait_for(lambda: live.stats()["total"] == 13, what="only the added sent")
+    status = campaign_status("spring-5", page_size=100)
+    assert status["plan_version"] == 2 and status["recipients_total"] == 11
+    assert len(status["recipients"]) == 11
+
+
+def test_changed_bound_arguments_are_a_conflict(live: LocalStack) -> None:
+    submit_campaign("order-batch", "charge", ["c1", "c2"], {"amount": "5.00", "currency": "eur"})
+    with pytest.raises(ConflictError, match="changed bound arguments"):
+        submit_campaign(
+            "order-batch", "charge", ["c1", "c2"], {"amount": "6.00", "currency": "eur"}
+        )
+
+
+def test_a_100k_campaign_is_frozen_fanned_out_and_reported_without_a_scan(
+    live: LocalStack,
+) -> None:
+    started = time.monotonic()
+    report = submit_campaign("big-1", "send_email", _people(100_000), TEMPLATE)
+    fanned = time.monotonic() - started
+    assert (report.recipients, report.sent) == (100_000, 100_000)
+    assert CampaignStore(runtime.ledger()).sent_count("big-1", 1) == 100_000
+    assert broker_messages(live)["live"] == 100_000
+    started = time.monotonic()
+    status = campaign_status("big-1", page_size=50)
+    answered = time.monotonic() - started
+    assert status["counts"] == _counts(pending=100_000)
+    assert status["approved_but_never_sent"] == 0 and len(status["recipients"]) >= 50
+    print(f"100k fan-out {fanned:.1f}s, status {answered * 1000:.0f} ms")
+
+
+def _cli(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "workers", *args]
+    return subprocess.run(command, env=stack.env(), capture_output=True, text=True, timeout=60)
+
+
+def test_campaign_cli_submit_and_status(live: LocalStack, tmp_path: Path) -> None:
+    path = tmp_path / "campaign.json"
+    path.write_text(json.dumps({"campaign_id": "cli-1", "tool": "send_email",
+                                "args": TEMPLATE, "recipients": _people(5)}))  # fmt: skip
+    done = _cli(live, "campaign", "submit", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["sent"] == 5
+    document = json.loads(_cli(live, "campaign", "status", "cli-1", "--json").stdout)
+    assert document["counts"] == _counts(pending=5)
+    assert {r["recipient"] for r in document["recipients"]} == set(_people(5))
+    bad = _cli(live, "campaign", "status", "nope")
+    assert bad.returncode == 2 and "no campaign 'nope'" in bad.stderr
