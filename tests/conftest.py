@@ -127,3 +127,11 @@ def live(stack: LocalStack) -> Iterator[LocalStack]:
     stack.sandbox.configure(**SANDBOX_DEFAULTS)
     yield stack
     stack.stop_processes()
+
+
+@pytest.fixture
+def fenceless(live: LocalStack) -> LocalStack:
+    """``live`` with the sandbox's own idempotency off: only effectq stands between a
+    redelivery and a second execution."""
+    live.sandbox.configure(provider_idempotency=False)
+    return live

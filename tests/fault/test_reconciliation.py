@@ -14,17 +14,9 @@ import psutil
 import pytest
 
 from dedupe import State, derive
-from tests.support.stack import broker_messages, wait_for, wait_states
+from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import get_tool, runtime, submit
 from workers.local import LocalStack
-
-DRAINED = {"live": 0, "delayed": 0, "dead": 0}
-
-
-@pytest.fixture
-def fenceless(live: LocalStack) -> LocalStack:
-    live.sandbox.configure(provider_idempotency=False)
-    return live
 
 
 def _email(scope: str) -> str:

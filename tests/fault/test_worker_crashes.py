@@ -15,18 +15,10 @@ import httpx
 import pytest
 
 from dedupe import Ledger, State
-from tests.support.stack import broker_messages, wait_for, wait_states
+from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
 from workers.local import LocalStack
 from workers.redis_server import RedisServer, default_redis_binary
-
-DRAINED = {"live": 0, "delayed": 0, "dead": 0}
-
-
-@pytest.fixture
-def fenceless(live: LocalStack) -> LocalStack:
-    live.sandbox.configure(provider_idempotency=False)
-    return live
 
 
 def _charge(scope: str) -> str:

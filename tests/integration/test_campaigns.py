@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from dedupe import CampaignStore, ConflictError
-from tests.support.stack import broker_messages, wait_for
+from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import runtime
 from workers.campaign import campaign_status, submit_campaign
 from workers.local import LocalStack
 
-DRAINED = {"live": 0, "delayed": 0, "dead": 0}
 TEMPLATE = {"subject": "Spring sale", "body": "Hello!"}
 
 

@@ -20,6 +20,10 @@ SANDBOX_DEFAULTS = {
 }
 
 
+# What the broker holds once every message was acked: nothing live, delayed or dead.
+DRAINED = {"live": 0, "delayed": 0, "dead": 0}
+
+
 def broker_client(stack: LocalStack) -> redis.Redis:
     return redis.Redis.from_url(stack.broker_url, decode_responses=True)
 
