@@ -186,6 +186,21 @@ class Ledger:
             )
         return text
 
+    def _receipt_texts(
+        self, receipt: Mapping[str, Any], raw: str | None, key: str
+    ) -> tuple[str, str]:
+        """The receipt and raw-response texts to store. When the raw response *is* the
+        receipt (it parses to it), it is stored once, as sent; otherwise both, bounded."""
+        if raw is not None and len(raw.encode("utf-8")) <= self.max_receipt_bytes:
+            try:
+                if json.loads(raw) == receipt:
+                    return raw, ""
+            except ValueError:
+                pass
+        text = self._bounded("receipt", _compact(dict(receipt)), self.max_receipt_bytes, key)
+        raw_text = "" if raw is None or raw == text else raw
+        return text, self._bounded("raw response", raw_text, self.max_raw_bytes, key)
+
     # -- producer ---------------------------------------------------------------------
 
     def submit(self, effect: Effect, *, message_id: str, pending_s: float) -> Submission:
@@ -278,9 +293,7 @@ class Ledger:
         note: str = "commit",
     ) -> Write:
         """CLAIMED / RECONCILING under ``token`` → DONE with the receipt and raw response."""
-        text = self._bounded("receipt", _compact(dict(receipt)), self.max_receipt_bytes, key)
-        raw_text = "" if raw is None or raw == text else raw
-        self._bounded("raw response", raw_text, self.max_raw_bytes, key)
+        text, raw_text = self._receipt_texts(receipt, raw, key)
         return Write.from_reply(
             self._call("commit", key, token, text, raw_text, _ms(retention_s), note)
         )
@@ -335,10 +348,7 @@ class Ledger:
 
         Raises TransitionRefusedError where the state table forbids it.
         """
-        text = _compact(dict(receipt)) if receipt is not None else ""
-        self._bounded("receipt", text, self.max_receipt_bytes, key)
-        raw_text = "" if raw is None or raw == text else raw
-        self._bounded("raw response", raw_text, self.max_raw_bytes, key)
+        text, raw_text = self._receipt_texts(receipt, raw, key) if receipt is not None else ("", "")
         reply = self._call("operate", key, action, note[:500], _ms(retention_s), text, raw_text)
         if reply[0] == "refused":
             raise TransitionRefusedError(

@@ -133,6 +133,17 @@ def test_claimed_commit_makes_done_with_receipt_and_retention(ledger: Ledger) ->
     assert record.lease_deadline_ms is None and record.holder is None
 
 
+def test_a_raw_response_that_is_the_receipt_is_stored_once(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    raw = '{"status": "charged", "id": "eff_1"}'  # as the provider sent it: unsorted, spaced
+    assert ledger.commit(effect.key, token, RECEIPT, raw=raw, retention_s=60).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.receipt == RECEIPT and record.raw_response == raw
+    blob = ledger.client.get(ledger._keys(effect.key)[0])
+    assert blob.count("eff_1") == 1  # one copy, not receipt + raw
+
+
 def test_claimed_fail_makes_failed_and_frees_the_key(ledger: Ledger) -> None:
     effect = charge()
     token = claimed(ledger, effect)
