@@ -212,10 +212,17 @@ def reconciler(
             if as_json:
                 emit(dict(outcomes))
             return
+    from . import metrics
+
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    pool.run(interval_s=interval, stop=stop)
+    server = metrics.serve()  # EFFECTQ_METRICS_HOST:EFFECTQ_METRICS_PORT; port 0 = none
+    try:
+        pool.run(interval_s=interval, stop=stop)
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _operator() -> Operator:

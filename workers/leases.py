@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dedupe import Ledger, LedgerError
 
@@ -26,6 +26,14 @@ class _Held:
     token: int
     lease_s: float
     fenced: bool = False
+    stopped: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def stop(self) -> None:
+        """No heartbeat after this returns: call it before the commit, so that a heartbeat
+        racing the commit is not counted as a fenced (stale) write."""
+        with self.lock:
+            self.stopped = True
 
 
 class LeaseKeeper:
@@ -64,13 +72,14 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held.values())
             for h in held:
-                if h.fenced:
-                    continue
-                try:
-                    write = self._ledger.heartbeat(h.key, h.token, lease_s=h.lease_s)
-                except LedgerError as exc:
-                    log.warning("heartbeat for %s failed: %s", h.key[:12], exc)
-                    continue
+                with h.lock:
+                    if h.fenced or h.stopped:
+                        continue
+                    try:
+                        write = self._ledger.heartbeat(h.key, h.token, lease_s=h.lease_s)
+                    except LedgerError as exc:
+                        log.warning("heartbeat for %s failed: %s", h.key[:12], exc)
+                        continue
                 if write.fenced:
                     h.fenced = True
                     log.warning(

@@ -35,6 +35,9 @@ FAST_ENV = {
     "EFFECTQ_EXAMPLE_LEASE_S": "3",
     "EFFECTQ_EXAMPLE_SETTLE_S": "1",
 }
+# No metrics endpoint unless asked for (EFFECTQ_METRICS_PORT in ``env`` or per process): the
+# default port would collide between the pools and reconcilers of one machine.
+QUIET_ENV = {"EFFECTQ_METRICS_PORT": "0"}
 
 
 class LocalStack:
@@ -60,7 +63,7 @@ class LocalStack:
         self._redis_url = redis_url
         self._broker_url = broker_url
         self.sandbox = SandboxProcess(sandbox or SandboxConfig(), state_file=self.workdir / "sb")
-        self.extra_env = {**FAST_ENV, **(env or {})}
+        self.extra_env = {**QUIET_ENV, **FAST_ENV, **(env or {})}
         self.pools: list[subprocess.Popen[bytes]] = []
         self.reconcilers: list[subprocess.Popen[bytes]] = []
 
@@ -97,8 +100,11 @@ class LocalStack:
         """Point this process at the stack (the producer side of a test or the demo)."""
         from .settings import settings
 
+        from . import runtime
+
         os.environ.update({k: v for k, v in self.env().items() if k.startswith("EFFECTQ_")})
         settings.cache_clear()
+        runtime.rebind()
 
     # -- processes ---------------------------------------------------------------------
 
@@ -121,6 +127,8 @@ class LocalStack:
     def start_workers(
         self, processes: int = 2, threads: int = 8, **env: str
     ) -> subprocess.Popen[bytes]:
+        # Each pool's metrics directory lives in the workdir: gone with the stack.
+        env.setdefault("EFFECTQ_METRICS_DIR", str(self.workdir / f"metrics-{len(self.pools)}"))
         pool = self._effectq(
             "worker", "-p", str(processes), "-t", str(threads), log="workers.log", **env
         )

@@ -19,7 +19,7 @@ from dedupe import Ledger
 from .middleware import EffectMiddleware
 from .settings import Settings, settings
 
-__all__ = ["broker", "configure_broker", "ledger", "set_ledger"]
+__all__ = ["broker", "configure_broker", "ledger", "rebind", "set_ledger"]
 
 _lock = threading.Lock()
 _ledger: tuple[int, Ledger] | None = None
@@ -56,6 +56,21 @@ def broker() -> dramatiq.Broker:
     """The global broker, built from settings on first use unless one was configured."""
     with _lock:
         return _broker if _broker is not None else configure_broker(_build_broker(settings()))
+
+
+def rebind() -> dramatiq.Broker:
+    """Rebuild the broker and the ledger from the current settings and move every declared
+    actor onto the new broker (a process re-pointed at another deployment: tests, demo)."""
+    global _broker, _ledger
+    from .tool import TOOLS
+
+    with _lock:
+        _broker, _ledger = None, None
+    new = broker()
+    for tool in TOOLS.values():
+        tool.actor.broker = new
+        new.declare_actor(tool.actor)
+    return new
 
 
 def ledger() -> Ledger:

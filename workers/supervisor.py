@@ -5,17 +5,27 @@ process is its own ``dramatiq -p 1`` child, restarted when it exits unexpectedly
 bounded backoff), and SIGTERM/SIGINT are passed through for a graceful drain: Dramatiq
 finishes the messages it is running (up to ``--worker-shutdown-timeout``) and never acks
 an unfinished one.
+
+Metrics: the supervisor gives its children a prometheus-client multiprocess directory of
+its own (``PROMETHEUS_MULTIPROC_DIR`` in their environment, so it is set before any of
+them imports prometheus-client), serves the sum over it with the ledger's scrape-time
+series on ``EFFECTQ_METRICS_PORT``, and reaps the files of dead worker processes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import metrics
+from .settings import settings
 
 __all__ = ["Supervisor"]
 
@@ -40,6 +50,9 @@ class Supervisor:
         queues: Sequence[str] = (),
         shutdown_timeout_ms: int = 600_000,
         extra_args: Sequence[str] = (),
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+        metrics_dir: str | None = None,
     ) -> None:
         if processes < 1 or threads < 1:
             raise ValueError("processes and threads must be at least 1")
@@ -49,8 +62,13 @@ class Supervisor:
         self.queues = list(queues)
         self.shutdown_timeout_ms = shutdown_timeout_ms
         self.extra_args = list(extra_args)
+        cfg = settings()
+        self.metrics_port = cfg.metrics_port if metrics_port is None else metrics_port
+        self.metrics_host = cfg.metrics_host if metrics_host is None else metrics_host
+        self.metrics_dir = metrics_dir
         self._children: dict[int, _Child] = {}
         self._stopping = False
+        self._env: dict[str, str] = dict(os.environ)
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "dramatiq", self.module, "-p", "1", "-t", str(self.threads)]
@@ -60,7 +78,7 @@ class Supervisor:
         return cmd + self.extra_args
 
     def _spawn(self, slot: int, restarts: int = 0) -> None:
-        proc = subprocess.Popen(self.command())
+        proc = subprocess.Popen(self.command(), env=self._env)
         self._children[slot] = _Child(slot, proc, restarts=restarts)
         log.info("worker %d started (pid %d)", slot, proc.pid)
 
@@ -73,6 +91,23 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._signal_all)
         signal.signal(signal.SIGINT, self._signal_all)
+        directory, created = metrics.prepare_dir(self.metrics_dir)
+        self._env = {**os.environ, metrics.ENV_DIR: str(directory)}
+        server = metrics.serve(
+            self.metrics_port,
+            self.metrics_host,
+            multiprocess_dir=str(directory),
+            queues=self.queues or [settings().queue],
+        )
+        try:
+            return self._supervise(directory)
+        finally:
+            if server is not None:
+                server.close()
+            if created:
+                metrics.remove_dir(directory)
+
+    def _supervise(self, metrics_dir: Path) -> int:
         for slot in range(self.processes):
             self._spawn(slot)
         while True:
@@ -82,6 +117,7 @@ class Supervisor:
                 if code is None:
                     alive += 1
                     continue
+                metrics.reap(metrics_dir)
                 if self._stopping:
                     continue
                 # Quick repeated deaths (a bad import, no broker) back off up to 30 s.

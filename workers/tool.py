@@ -19,7 +19,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -37,14 +38,15 @@ from dedupe import (
     MessageError,
     NotExecutedError,
     RejectedError,
+    State,
     ToolSpec,
     derive,
 )
 from dedupe.failpoints import failpoint
 from dedupe.spec import DAY, Lookup
 
-from . import runtime
-from .leases import LeaseKeeper
+from . import metrics, runtime
+from .leases import LeaseKeeper, _Held
 from .settings import settings
 
 __all__ = ["EffectCall", "EffectTool", "Envelope", "RetryLater", "ToolResult", "effect_tool"]
@@ -100,7 +102,7 @@ class ToolResult:
 class RetryLater(dramatiq.Retry):
     """Control flow: leave the message alive and deliver it again later (not an error)."""
 
-    def __init__(self, reason: str, *, give_up: bool, key: str | None = None) -> None:
+    def __init__(self, reason: str, *, give_up: bool = False, key: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.give_up = give_up
@@ -145,6 +147,7 @@ class EffectTool:
             **actor_options,
         )
         self._keepers: dict[int, LeaseKeeper] = {}
+        self._metrics = metrics.for_tool(spec.name)
 
     @property
     def name(self) -> str:
@@ -196,19 +199,23 @@ class EffectTool:
         message_id = message.message_id if message is not None else "direct"
         age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
         retries = int(message.options.get("retries", 0)) if message else 0
-        # A retry after the provider forgot the idempotency key would be a fresh effect.
-        give_up = age_s > self.spec.provider_window_s
         effect, campaign = self._effect_of(args, kwargs)
         ledger = runtime.ledger()
+        if age_s > self.spec.provider_window_s:
+            self._refuse_stale(effect, age_s)
+            return
         holder = f"{_HOST}:{os.getpid()}/{message_id}"
+        started = time.perf_counter()
         try:
             claim = ledger.claim(
                 effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign
             )
         except LedgerUnavailableError as exc:
-            raise RetryLater(
-                f"ledger unavailable: {exc}", give_up=give_up, key=effect.key
-            ) from None
+            metrics.ledger_seconds("claim").observe(time.perf_counter() - started)
+            self._metrics.claims["unavailable"].inc()
+            raise RetryLater(f"ledger unavailable: {exc}", key=effect.key) from None
+        metrics.ledger_seconds("claim").observe(time.perf_counter() - started)
+        self._metrics.claims[claim.outcome.value].inc()
         if claim.outcome is ClaimOutcome.DUPLICATE:
             return
         if claim.outcome is ClaimOutcome.CONFLICT:
@@ -218,9 +225,7 @@ class EffectTool:
                 state=str(claim.state),
             )
         if not claim.acquired:
-            raise RetryLater(
-                f"effect is {claim.outcome.value} ({claim.state})", give_up=give_up, key=effect.key
-            )
+            raise RetryLater(f"effect is {claim.outcome.value} ({claim.state})", key=effect.key)
         failpoint("after_claim")
         call = EffectCall(
             tool=self.name,
@@ -232,49 +237,93 @@ class EffectTool:
             generation=claim.generation,
             message_id=message_id,
         )
-        with self._keeper().hold(effect.key, claim.token, self.spec.lease_s):
+        with self._hold(effect.key, claim.token) as held:
             failpoint("before_effect")
+            started = time.perf_counter()
             try:
                 result = self.fn(call, **effect.args)
             except self.not_executed as exc:
+                self._effect_done("failed", started)
                 self._record_failure(call, exc)
                 if isinstance(exc, RejectedError):
                     raise
                 raise RetryLater(
                     f"not executed: {exc}",
-                    give_up=give_up or retries >= settings().max_retries,
+                    give_up=retries >= settings().max_retries,
                     key=effect.key,
                 ) from None
             except BaseException as exc:
                 # Timeouts after send, 5xx, TimeLimitExceeded, Shutdown: nobody knows.
+                self._effect_done("uncertain", started)
                 self._hand_over(call, exc)
                 raise RetryLater(
-                    f"outcome uncertain: {type(exc).__name__}", give_up=give_up, key=effect.key
+                    f"outcome uncertain: {type(exc).__name__}", key=effect.key
                 ) from None
+            self._effect_done("succeeded", started)
             failpoint("after_effect")
-            self._commit(call, result, give_up)
+            held.stop()  # a heartbeat racing the commit would count as a stale write
+            self._commit(call, result)
         failpoint("after_commit")
+
+    def _refuse_stale(self, effect: Effect, age_s: float) -> None:
+        """A message older than the provider's idempotency window never executes: the
+        provider may have forgotten the key, so a claim granted now (its record expired, or
+        FAILED) would be a fresh effect. DONE is still a duplicate; anything else is
+        dead-lettered, and the ledger keeps listing the effect."""
+        try:
+            record = runtime.ledger().get(effect.key)
+        except LedgerUnavailableError as exc:
+            raise RetryLater(f"ledger unavailable: {exc}", give_up=True, key=effect.key) from None
+        if record is not None and record.state is State.DONE:
+            return
+        state = record.state.value if record else "no record"
+        raise MessageError(
+            f"{self.name}: message is {age_s:.0f}s old, past the provider's "
+            f"{self.spec.provider_window_s:.0f}s idempotency window; not executed ({state})",
+            key=effect.key,
+        )
+
+    @contextmanager
+    def _hold(self, key: str, token: int) -> Iterator[_Held]:
+        """Heartbeat the lease while the body runs; count it if the heartbeat was fenced."""
+        with self._keeper().hold(key, token, self.spec.lease_s) as held:
+            try:
+                yield held
+            finally:
+                if held.fenced:
+                    self._metrics.fenced["heartbeat"].inc()
+
+    def _effect_done(self, outcome: str, started: float) -> None:
+        self._metrics.duration.observe(time.perf_counter() - started)
+        self._metrics.effects[outcome].inc()
+
+    def _timed(self, op: str, started: float, fenced: bool) -> None:
+        metrics.ledger_seconds(op).observe(time.perf_counter() - started)
+        if fenced:
+            self._metrics.fenced[op].inc()
 
     def _record_failure(self, call: EffectCall, exc: BaseException) -> None:
         reason = f"not executed: {type(exc).__name__}: {exc}"
+        started = time.perf_counter()
         try:
-            runtime.ledger().fail(
+            write = runtime.ledger().fail(
                 call.key, call.token, reason=reason, retention_s=self.spec.retention_s
             )
+            self._timed("fail", started, write.fenced)
         except EffectqError as err:
             # The claim stays; its lease expires and the reconciler asks the provider.
             log.warning("could not record failure of %s: %s", call.key[:12], err)
 
     def _hand_over(self, call: EffectCall, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}"[:300]
+        started = time.perf_counter()
         try:
-            runtime.ledger().handover(call.key, call.token, reason=reason)
+            write = runtime.ledger().handover(call.key, call.token, reason=reason)
+            self._timed("handover", started, write.fenced)
         except EffectqError as err:
             log.warning("could not hand %s over: %s (lease will expire)", call.key[:12], err)
 
-    def _commit(
-        self, call: EffectCall, result: Mapping[str, Any] | ToolResult, give_up: bool
-    ) -> None:
+    def _commit(self, call: EffectCall, result: Mapping[str, Any] | ToolResult) -> None:
         receipt, raw = (
             (result.receipt, result.raw) if isinstance(result, ToolResult) else (result, None)
         )
@@ -283,24 +332,23 @@ class EffectTool:
         deadline = time.monotonic() + self.spec.lease_s / 2
         delay = 0.05
         while True:
+            started = time.perf_counter()
             try:
                 write = ledger.commit(
                     call.key, call.token, receipt, raw=raw, retention_s=self.spec.retention_s
                 )
+                self._timed("commit", started, write.fenced)
                 break
             except LedgerUnavailableError as exc:
                 # The effect happened; keep trying within the lease, then leave it to the
                 # reconciler (the claim stays CLAIMED, its lease expires).
                 if time.monotonic() + delay > deadline:
-                    raise RetryLater(
-                        f"executed but not recorded: {exc}", give_up=give_up, key=call.key
-                    ) from None
+                    raise RetryLater(f"executed but not recorded: {exc}", key=call.key) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
         if write.fenced:
             raise RetryLater(
                 f"commit fenced: claim taken over (now {write.state})",
-                give_up=give_up,
                 key=call.key,
             )
 

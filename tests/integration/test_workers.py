@@ -5,6 +5,7 @@ assertion about execution is made on the provider's own count."""
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from typing import Any
 
@@ -156,3 +157,26 @@ def test_wait_returns_the_original_receipt_for_a_duplicate_of_an_in_flight_call(
     assert third.status is Status.DONE and third.receipt == first.receipt
     record = runtime.ledger().get(first.key)
     assert record is not None and record.state is State.DONE and record.token == 1
+
+
+def test_a_message_older_than_the_provider_window_never_executes(live: LocalStack) -> None:
+    live.start_workers(processes=1, threads=2)
+    done = submit("charge", scope="order-old-1", customer="c1", amount="3.00", currency="usd")
+    done.wait(30)
+    tool = get_tool("charge")
+    two_days_ago = int((time.time() - 2 * 86400) * 1000)
+    for scope in ("order-old-1", "order-old-2"):  # DONE already / never executed
+        effect = tool.derive(scope, {"customer": "c1", "amount": "3.00", "currency": "usd"})
+        runtime.broker().enqueue(
+            dramatiq.Message(
+                queue_name="effectq", actor_name="charge", args=(Envelope.of(effect).model_dump(),),
+                kwargs={}, options={}, message_timestamp=two_days_ago,
+            )
+        )  # fmt: skip
+    ledger = runtime.ledger()
+    wait_for(lambda: broker_messages(live)["live"] == 0, what="both handled")
+    [dead] = ledger.dead_letters()
+    assert "past the provider's 86400s idempotency window; not executed" in dead["reason"]
+    assert dead["key"] == tool.derive("order-old-2", {"customer": "c1", "amount": "3.00",
+                                                      "currency": "usd"}).key  # fmt: skip
+    assert live.stats()["executions"] == {done.key: 1}

@@ -1,0 +1,138 @@
+"""deploy/prometheus: promtool checks the rules and runs their unit tests; every alert has
+a test; the rules and the Grafana dashboard name only series effectq exposes. The dashboard
+round-trips through grafana-foundation-sdk's 11.x models (no field unknown to the schema).
+
+promtool comes with Debian's ``prometheus`` package (.ci/run installs it); without it these
+tests skip, except with CI=true, where they fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workers import metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "effectq.json"
+SERIES = re.compile(r"\beffectq_[a-z_]+")
+
+
+def need(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        reason = f"{binary} not on PATH (apt-get install prometheus)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def exposed_series() -> set[str]:
+    """Every sample name an effectq endpoint can show."""
+    import workers.examples  # noqa: F401  (binds the per-tool children)
+
+    names: set[str] = set()
+    local = [f for f in metrics.REGISTRY.collect() if f.name.startswith("effectq_")]
+    counts = {("CLAIMED", "charge"): 1, ("dup_submit", "charge"): 1}
+    for family in [*local, *metrics._ledger_families(counts, 0, None, 0)]:
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+        names |= {family.name + s for s in suffixes.get(family.type, [""])}
+    names.add("effectq_queue_messages")  # needs a Redis broker to be collected
+    names.add("effectq_ledger_up")
+    return names
+
+
+def test_promtool_checks_the_rules() -> None:
+    promtool = need("promtool")
+    done = subprocess.run(
+        [promtool, "check", "rules", "rules.yml"], cwd=PROMETHEUS, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_runs_the_rule_unit_tests() -> None:
+    promtool = need("promtool")
+    done = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yml"], cwd=PROMETHEUS, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_a_firing_test() -> None:
+    rules = (PROMETHEUS / "rules.yml").read_text()
+    tests = (PROMETHEUS / "rules_test.yml").read_text()
+    alerts = set(re.findall(r"^\s*- alert: (\w+)", rules, re.M))
+    assert len(alerts) >= 6
+    # A firing expectation: the alertname, then a non-empty exp_alerts list.
+    firing = set(re.findall(r"alertname: (\w+)\n\s*exp_alerts:\n", tests))
+    assert alerts <= firing, f"alerts without a firing test: {sorted(alerts - firing)}"
+
+
+def test_rules_and_dashboard_name_only_exposed_series() -> None:
+    exposed = exposed_series()
+    for path in (PROMETHEUS / "rules.yml", DASHBOARD):
+        named = set(SERIES.findall(path.read_text()))
+        assert named, path
+        assert named <= exposed, f"{path.name}: unknown series {sorted(named - exposed)}"
+
+
+def _sdk() -> tuple[type, type]:
+    try:
+        from grafana_foundation_sdk.cog.encoder import JSONEncoder
+        from grafana_foundation_sdk.cog.plugins import register_default_plugins
+        from grafana_foundation_sdk.models.dashboard import Dashboard
+    except ImportError as exc:
+        reason = f"grafana-foundation-sdk not installed ({exc}): pip install -e '.[dev]'"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
+        pytest.skip(reason)
+    register_default_plugins()
+    return Dashboard, JSONEncoder
+
+
+def test_dashboard_round_trips_through_the_grafana_11_schema() -> None:
+    dashboard_model, encoder = _sdk()
+    original = json.loads(DASHBOARD.read_text())
+    model = dashboard_model.from_json(original)  # type: ignore[attr-defined]
+    again = json.loads(json.dumps(model, cls=encoder))
+    # Nothing dropped, renamed or defaulted differently: every field is the schema's.
+    assert again == original
+    assert original["schemaVersion"] >= 39  # Grafana 11
+
+
+def test_dashboard_shows_what_an_sre_needs() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    panels = {p["title"]: p for p in board["panels"] if p["type"] != "row"}
+    exprs = {t: " ".join(q["expr"] for q in p.get("targets", [])) for t, p in panels.items()}
+    wanted = {
+        "Suppression ratio by stage": "effectq_duplicates_suppressed_total",
+        "Claim outcomes": "effectq_claims_total",
+        "Effect latency quantiles": "histogram_quantile(0.99",
+        "Unknown / expired backlog": "effectq_expired_claims",
+        "Reconciler resolutions": "effectq_reconciler_resolutions_total",
+        "Fenced writes": "effectq_fenced_writes_total",
+    }
+    for title, needle in wanted.items():
+        assert needle in exprs.get(title, ""), title
+    assert "effectq_unknown_effects" in exprs["Unknown / expired backlog"]
+    for panel in panels.values():
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel.get("description"), panel["title"]
+        for target in panel["targets"]:
+            # Ledger-derived series are global: aggregated with max, never summed per target.
+            for name in ("effectq_duplicates_suppressed_total", "effectq_unknown_effects"):
+                if name in target["expr"]:
+                    assert re.search(rf"max by \([a-z, ]+\) \((rate\()?{name}", target["expr"])
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["tool"]["query"] == "label_values(effectq_claims_total, tool)"
