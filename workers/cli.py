@@ -138,9 +138,12 @@ def worker(
     """Run a supervised pool of Dramatiq worker processes for the tools in EFFECTQ_TOOLS."""
     import logging
 
+    from . import runtime
     from .supervisor import Supervisor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with errors():
+        runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
     pool = Supervisor(
         settings().tools,
         processes=processes,

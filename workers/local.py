@@ -98,9 +98,8 @@ class LocalStack:
 
     def apply_env(self) -> None:
         """Point this process at the stack (the producer side of a test or the demo)."""
-        from .settings import settings
-
         from . import runtime
+        from .settings import settings
 
         os.environ.update({k: v for k, v in self.env().items() if k.startswith("EFFECTQ_")})
         settings.cache_clear()

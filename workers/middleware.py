@@ -7,16 +7,32 @@ import logging
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import MiddlewareError
 
-from dedupe import EffectqError
+from dedupe import EffectqError, VolatileLedgerError
 
 __all__ = ["EffectMiddleware"]
 
 log = logging.getLogger(__name__)
 
 
+class LedgerRefused(MiddlewareError):
+    """Raised at worker boot: Dramatiq re-raises MiddlewareErrors, so the process stops."""
+
+
 class EffectMiddleware(dramatiq.Middleware):
-    """Records why each dead-lettered message died, and frees its pending marker."""
+    """Refuses to boot a worker on a ledger it cannot trust; records why each
+    dead-lettered message died, and frees its pending marker."""
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        from . import runtime
+
+        try:
+            # Connecting checks persistence: a ledger without AOF would grant claims twice.
+            runtime.ledger()
+        except VolatileLedgerError as exc:
+            log.critical("refusing to start: %s", exc.message)
+            raise LedgerRefused(exc.message) from None
 
     def after_nack(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
         from . import runtime
