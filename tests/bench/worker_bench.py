@@ -51,18 +51,17 @@ import dramatiq
 import psutil
 import redis
 import redis.utils
-from dramatiq.common import current_millis
 
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+from workers.fanout import enqueue_many  # noqa: E402
 from workers.local import LocalStack  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 TOOLS_MODULE = "tests.bench.bench_tools"
 POLL_S = 0.005
-BATCH = 1000
 WARMUP = 1000
 GOAL = 0.9
 DRAIN_TIMEOUT_S = 300.0
@@ -206,34 +205,14 @@ class Bench:
 
         tool = self.tools.bench_noop
         actor = tool.actor if kind == "guarded" else self.tools.bench_bare
-        broker = self.broker
-        dispatch = broker.scripts["dispatch"]
-        unpack = broker._max_unpack_size()
         keys: list[str] = []
-        for lo in range(0, n, BATCH):
-            pipe = broker.client.pipeline(transaction=False)
-            for i in range(lo, min(lo + BATCH, n)):
-                effect = tool.derive(scope, {"n": i})
-                keys.append(effect.key)
-                message = actor.message(Envelope.of(effect).model_dump())
-                # What RedisBroker.enqueue does, minus one round trip per message.
-                message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
-                broker.emit_before("enqueue", message, None)
-                args = [
-                    "enqueue",
-                    current_millis(),
-                    message.queue_name,
-                    broker.broker_id,
-                    broker.heartbeat_timeout,
-                    broker.dead_message_ttl,
-                    0,
-                    unpack,
-                    message.options["redis_message_id"],
-                    message.encode(),
-                ]
-                dispatch(keys=[broker.namespace], args=args, client=pipe)
-                broker.emit_after("enqueue", message, None)
-            pipe.execute()
+        messages = []
+        for i in range(n):
+            effect = tool.derive(scope, {"n": i})
+            keys.append(effect.key)
+            messages.append(actor.message(Envelope.of(effect).model_dump()))
+        # Dramatiq's own enqueue script, pipelined (what campaigns use too).
+        enqueue_many(self.broker, messages)
         return keys
 
     # -- pools -------------------------------------------------------------------------
