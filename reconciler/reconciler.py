@@ -35,6 +35,7 @@ from dedupe import (
     Ledger,
     LookupResult,
     NotFound,
+    RecordTooLargeError,
     Takeover,
     ToolSpec,
     Unavailable,
@@ -138,10 +139,15 @@ class Reconciler:
         retention = spec.retention_s if spec is not None else 7 * 86400.0
         if decision.action == "done":
             assert decision.receipt is not None
-            write = self.ledger.commit(
-                key, takeover.token, decision.receipt, raw=decision.raw,
-                retention_s=retention, note=decision.reason,
-            )  # fmt: skip
+            try:
+                write = self.ledger.commit(
+                    key, takeover.token, decision.receipt, raw=decision.raw,
+                    retention_s=retention, note=decision.reason,
+                )  # fmt: skip
+            except RecordTooLargeError as exc:
+                # Found, but the receipt cannot be stored whole: an operator resolves it.
+                decision = Decision("unknown", f"found, but {exc.message}")
+                write = self.ledger.mark_unknown(key, takeover.token, reason=decision.reason)
         elif decision.action == "failed":
             write = self.ledger.fail(
                 key, takeover.token, reason=decision.reason, retention_s=retention

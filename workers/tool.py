@@ -37,6 +37,7 @@ from dedupe import (
     LedgerUnavailableError,
     MessageError,
     NotExecutedError,
+    RecordTooLargeError,
     RejectedError,
     State,
     ToolSpec,
@@ -339,6 +340,11 @@ class EffectTool:
                 )
                 self._timed("commit", started, write.fenced)
                 break
+            except RecordTooLargeError as exc:
+                # The effect happened but its receipt cannot be stored (no truncation): the
+                # reconciler takes it over and leaves it UNKNOWN for an operator.
+                self._hand_over(call, exc)
+                raise RetryLater(f"executed, receipt not recordable: {exc}", key=call.key) from None
             except LedgerUnavailableError as exc:
                 # The effect happened; keep trying within the lease, then leave it to the
                 # reconciler (the claim stays CLAIMED, its lease expires).

@@ -152,3 +152,17 @@ def test_several_reconcilers_resolve_each_expired_claim_exactly_once(
         assert len(settled) == 1, record.history
         assert record.state is (State.DONE if i % 2 else State.FAILED)
     assert live.stats()["total"] == 100
+
+
+def test_a_receipt_over_the_bound_is_never_truncated_but_left_to_an_operator(
+    fenceless: LocalStack,
+) -> None:
+    fenceless.start_workers(1, 2)
+    fenceless.start_reconciler()
+    big = "x" * 20_000  # the provider echoes it: a 20 kB receipt, over the 16 KiB bound
+    key = submit("set_value", scope="op-big", target="acct-9", value=big).key
+    [record] = wait_states(runtime.ledger(), [key], {State.UNKNOWN}, timeout=60).values()
+    assert record is not None and "found, but receipt is" in record.reason
+    assert "over the 16384-byte bound" in record.reason
+    assert record.receipt is None
+    assert fenceless.stats()["executions"] == {key: 1}
