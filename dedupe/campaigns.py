@@ -6,8 +6,8 @@ Keys (one key per command, so each is Cluster-safe; the campaign id enters only 
     <ns>:campaign:<tag>:plan:<v>     hash: effect key -> normalized recipient, plan version v
     <ns>:campaign:<tag>:sent:<v>     set:  effect keys of plan v whose message was enqueued
 
-Per-state counts live with the records: the ledger script keeps "cp:<tag>:<STATE>" in
-each bucket's stats hash, so a status never scans the campaign's records.
+Per-state counts live with the records: the ledger script keeps "<tag>:<STATE>" in each
+bucket's campaigns hash, so a status never scans the campaign's records.
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@
 --                              UNKNOWN (the states that never expire); counters
 --                              "fenced:<op>" (stale writes refused), "dup_submit:<tool>",
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
---                              "conflict:<tool>"; "cp:<campaign tag>:<STATE>" -> records of
---                              one campaign in each state (campaign status without a scan)
+--                              "conflict:<tool>"
 --   KEYS[4]  pending  string: "<fingerprint>|<message id>" of a live broker message for this
 --                              effect (producer-side dedupe before the broker); expires by
 --                              itself, cleared on DONE and on dead-letter
 --   KEYS[5]  unknown  zset:   effect key -> ms it became UNKNOWN: the operators' work queue
+--   KEYS[6]  campaigns hash:  "<campaign tag>:<STATE>" -> records of one campaign in each
+--                              state (campaign status without a scan; kept apart from
+--                              the stats so a metrics scrape does not grow with campaigns)
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields (short names keep a DONE record small):
@@ -60,8 +62,8 @@ local function move(state, token, note, deadline)
   if state == 'UNKNOWN' then redis.call('ZADD', KEYS[5], now, key) end
   count(rec.s, -1)
   if rec.cp then
-    if rec.s then redis.call('HINCRBY', KEYS[3], 'cp:' .. rec.cp .. ':' .. rec.s, -1) end
-    redis.call('HINCRBY', KEYS[3], 'cp:' .. rec.cp .. ':' .. state, 1)
+    if rec.s then redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. rec.s, -1) end
+    redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. state, 1)
   end
   rec.s = state
   rec.t = token

@@ -133,6 +133,7 @@ class Ledger:
             f"{tag}:stats",
             f"{tag}:p:{key}",
             f"{tag}:unknown",
+            f"{tag}:campaigns",
         ]
 
     # -- plumbing ---------------------------------------------------------------------
@@ -455,7 +456,7 @@ class Ledger:
         states = [s.value for s in State]
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets):
-            pipe.hmget(f"{self._tag(bucket)}:stats", [f"cp:{tag}:{s}" for s in states])
+            pipe.hmget(f"{self._tag(bucket)}:campaigns", [f"{tag}:{s}" for s in states])
         try:
             replies = pipe.execute()
         except redis.RedisError as exc:

@@ -134,7 +134,7 @@ def test_collector_reads_the_ledgers_counters_and_lease_heads(
     ledger.submit(done, message_id="m", pending_s=60)  # and at submit, twice
     ledger.submit(done, message_id="m", pending_s=60)
     ledger.submit(charge(done.scope, amount="99"), message_id="m", pending_s=60)  # conflict
-    # What a campaign adds to the same stats hash must never turn into a label.
+    # A field the collector does not know (an old campaign counter) never becomes a label.
     ledger.client.hincrby(f"{ledger._tag(0)}:stats", "cp:0123456789abcdef:CLAIMED", 1)
     time.sleep(0.2)
 
