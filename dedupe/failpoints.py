@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -66,10 +67,12 @@ def failpoint(name: str) -> None:
     armed = _ARMED.get(name)
     if armed is None or (armed.probability < 1 and random.random() >= armed.probability):
         return
+    # Thread-directed: a process-directed signal may be taken by another thread while this
+    # one runs on past the failpoint (a "stopped" holder would commit first).
     if armed.action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
+        signal.pthread_kill(threading.get_ident(), signal.SIGKILL)
     elif armed.action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     elif armed.action == "sleep":
         time.sleep(armed.argument)
     else:
