@@ -10,6 +10,7 @@
     │   └── SpecError                 a tool declaration contradicts itself
     ├── LedgerError               the ledger cannot answer or refused a write
     │   ├── LedgerUnavailableError    Redis did not answer: fail closed, execute nothing
+    │   ├── LedgerAuthError           Redis refused the credentials (a configuration error)
     │   ├── VolatileLedgerError       Redis has no AOF and volatility was not allowed
     │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
     │   └── TransitionRefusedError    the state table forbids this transition (carries state)
@@ -32,6 +33,7 @@ __all__ = [
     "ConflictError",
     "EffectqError",
     "IdentityError",
+    "LedgerAuthError",
     "LedgerError",
     "LedgerUnavailableError",
     "MessageError",
@@ -87,6 +89,10 @@ class LedgerError(EffectqError):
 
 
 class LedgerUnavailableError(LedgerError):
+    pass
+
+
+class LedgerAuthError(LedgerError):
     pass
 
 

@@ -8,6 +8,7 @@ resets its pool in a child).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,7 @@ import redis
 from redis.commands.core import Script
 
 from .errors import (
+    LedgerAuthError,
     LedgerError,
     LedgerUnavailableError,
     RecordTooLargeError,
@@ -107,15 +109,17 @@ class Ledger:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> Ledger:
-        """``redis://``, ``rediss://`` (TLS) and ``redis://user:password@…`` (ACL) URLs."""
-        client = redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=kwargs.pop("socket_timeout", 5.0),
-            socket_connect_timeout=kwargs.pop("socket_connect_timeout", 5.0),
-            health_check_interval=kwargs.pop("health_check_interval", 30),
-        )
-        return cls(client, **kwargs)
+        """``redis://``, ``rediss://`` (TLS) and ``redis://user:password@…`` (ACL) URLs.
+        Keyword arguments the Ledger does not take (``ssl_ca_certs``, ``ssl_certfile``,
+        timeouts…) go to ``redis.Redis.from_url``; TLS options may also sit in the URL."""
+        own = set(inspect.signature(cls.__init__).parameters) - {"self", "client"}
+        mine = {k: v for k, v in kwargs.items() if k in own}
+        client_options = {k: v for k, v in kwargs.items() if k not in own}
+        client_options.setdefault("socket_timeout", 5.0)
+        client_options.setdefault("socket_connect_timeout", 5.0)
+        client_options.setdefault("health_check_interval", 30)
+        client = redis.Redis.from_url(url, decode_responses=True, **client_options)
+        return cls(client, **mine)
 
     # -- keys -------------------------------------------------------------------------
 
@@ -141,6 +145,8 @@ class Ledger:
     def check_durability(self) -> None:
         try:
             info = self.client.info("persistence")
+        except redis.AuthenticationError as exc:
+            raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
         except redis.ResponseError as exc:
             raise VolatileLedgerError(
                 f"cannot verify the ledger's persistence ({exc}); grant INFO or allow volatility"
@@ -171,6 +177,8 @@ class Ledger:
                         f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
                         key=key,
                     )
+        except redis.AuthenticationError as exc:
+            raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
         except redis.ResponseError as exc:

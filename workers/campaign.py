@@ -14,7 +14,9 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 from dedupe import (
     CampaignPlan,
@@ -33,7 +35,7 @@ from .fanout import enqueue_many
 from .settings import settings
 from .tool import EffectTool, Envelope, get_tool
 
-__all__ = ["CampaignReport", "campaign_status", "submit_campaign"]
+__all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
 BATCH = 1000
 # The per-recipient state a producer sees, from the ledger's.
@@ -41,6 +43,19 @@ RECIPIENT_STATE = {
     None: "pending", "CLAIMED": "pending", "RECONCILING": "pending", "DONE": "done",
     "FAILED": "failed", "UNKNOWN": "unknown", "REVOKED": "revoked", "SUPERSEDED": "revoked",
 }  # fmt: skip
+
+
+class CampaignFile(BaseModel):
+    """``effectq campaign submit FILE``: the file's strict shape."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    campaign_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    tool: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    action: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    args: dict[str, JsonValue] = {}
+    recipients: Annotated[list[JsonValue], Field(min_length=1, max_length=1_000_000)]
+    plan_version: Annotated[int, Field(ge=1)] | None = None
 
 
 @dataclass

@@ -88,8 +88,8 @@ def _parse_args(pairs: list[str]) -> dict[str, Any]:
         if name.endswith(":"):
             try:
                 args[name[:-1]] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                fail(2, f"--arg {name[:-1]}: not JSON ({exc.msg})")
+            except (ValueError, RecursionError) as exc:
+                fail(2, f"--arg {name[:-1]}: not JSON ({str(exc)[:80]})")
         else:
             args[name] = value
     return args
@@ -362,25 +362,26 @@ def campaign_submit(
     path: Annotated[str, typer.Argument(metavar="FILE")], as_json: Json = False
 ) -> None:
     """Freeze and fan out FILE: {campaign_id, tool, action?, args, recipients, plan_version?}."""
+    from pydantic import ValidationError
     from rich.progress import Progress
 
-    from .campaign import submit_campaign
+    from .campaign import CampaignFile, submit_campaign
 
     try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        fail(2, f"cannot read campaign file {path}: {exc}")
-    missing = [k for k in ("campaign_id", "tool", "recipients") if k not in spec]
-    if not isinstance(spec, dict) or missing or not isinstance(spec.get("recipients"), list):
-        fail(2, f"campaign file needs campaign_id, tool and a recipients list (missing {missing})")
+        with open(path, "rb") as f:
+            spec = CampaignFile.model_validate_json(f.read())
+    except OSError as exc:
+        fail(2, f"cannot read campaign file {path}: {exc.strerror}")
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(map(str, first["loc"])) or "file"
+        fail(2, f"campaign file {path}: {where}: {first['msg']} ({exc.error_count()} errors)")
     load_tools()
     with errors(), Progress(console=err, transient=True, disable=as_json) as bar:
-        task = bar.add_task("fan-out", total=len(spec["recipients"]))
+        task = bar.add_task("fan-out", total=len(spec.recipients))
         report = submit_campaign(
-            str(spec["campaign_id"]), spec["tool"], spec["recipients"], spec.get("args") or {},
-            action=spec.get("action"), plan_version=spec.get("plan_version"),
-            progress=lambda n: bar.advance(task, n),
+            spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
+            plan_version=spec.plan_version, progress=lambda n: bar.advance(task, n),
         )  # fmt: skip
     if as_json:
         emit(report.as_dict())

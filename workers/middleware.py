@@ -9,7 +9,7 @@ import dramatiq
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import MiddlewareError
 
-from dedupe import EffectqError, VolatileLedgerError
+from dedupe import EffectqError, LedgerAuthError, VolatileLedgerError
 
 __all__ = ["EffectMiddleware"]
 
@@ -30,7 +30,7 @@ class EffectMiddleware(dramatiq.Middleware):
         try:
             # Connecting checks persistence: a ledger without AOF would grant claims twice.
             runtime.ledger()
-        except VolatileLedgerError as exc:
+        except (VolatileLedgerError, LedgerAuthError) as exc:
             log.critical("refusing to start: %s", exc.message)
             raise LedgerRefused(exc.message) from None
 

@@ -7,6 +7,7 @@ thread-safe and resets itself after fork).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -40,9 +41,28 @@ def _build_broker(cfg: Settings) -> dramatiq.Broker:
     return new
 
 
+class _RedactMessages(logging.Filter):
+    """Dramatiq logs a whole message (arguments: recipients, keys) when an actor raises;
+    keep only the actor and the message id in effectq's processes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                f"{a.actor_name}[{a.message_id}]"
+                if isinstance(a, dramatiq.Message | dramatiq.MessageProxy)
+                else a
+                for a in record.args
+            )
+        return True
+
+
 def configure_broker(new: dramatiq.Broker) -> dramatiq.Broker:
     """Install effectq's middleware on ``new`` and make it the global broker."""
     global _broker
+    for name in ("dramatiq.worker.WorkerThread", "dramatiq.worker.Worker"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _RedactMessages) for f in target.filters):
+            target.addFilter(_RedactMessages())
     present = {type(m) for m in new.middleware}
     for middleware in (CurrentMessage(), EffectMiddleware()):
         if type(middleware) not in present:

@@ -11,7 +11,8 @@ PUBLIC = {
     "dedupe": {
         "CampaignPlan", "CampaignStore", "CanonicalizationError", "Claim", "ClaimOutcome",
         "ConflictError", "Effect", "EffectRecord", "EffectqError", "Found", "IdentityError",
-        "Ledger", "LedgerError", "LedgerUnavailableError", "Lookup", "LookupResult",
+        "Ledger", "LedgerAuthError", "LedgerError", "LedgerUnavailableError", "Lookup",
+        "LookupResult",
         "MessageError", "MissingFieldError", "NotExecutedError", "NotFound", "OperatorError",
         "ProviderError", "RecordTooLargeError", "RejectedError", "SpecError", "State",
         "SubmitStatus", "Submission", "Takeover", "ToolSpec", "Transition",
