@@ -79,8 +79,8 @@ local function move(state, token, note, deadline)
     rec.d = deadline
     redis.call('ZADD', KEYS[2], deadline, key)
   else
-    rec.d = nil
-    rec.h = nil
+    -- Settled: lease, holder and claim time matter no more (a DONE record stays small).
+    rec.d, rec.h, rec.a = nil, nil, nil
     redis.call('ZREM', KEYS[2], key)
   end
 end
