@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from dedupe import EffectRecord, Ledger, State, ToolSpec, derive
+from tests.support.requires import need_binary
 from tests.support.stack import SANDBOX_DEFAULTS, broker_messages, wait_for, wait_states
 from workers import get_tool, metrics, runtime, submit
 from workers.local import LocalStack
@@ -55,13 +56,7 @@ KEYISH = re.compile(r"[0-9a-f]{16,}")
 
 
 def need(binary: str) -> str:
-    path = shutil.which(binary)
-    if path is None:
-        reason = f"{binary} not on PATH (apt-get install prometheus)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
-        pytest.skip(reason)
-    return path
+    return need_binary(binary, "apt-get install prometheus")
 
 
 def free_port() -> int:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.requires import need_binary
 from workers import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,13 +25,7 @@ SERIES = re.compile(r"\beffectq_[a-z_]+")
 
 
 def need(binary: str) -> str:
-    path = shutil.which(binary)
-    if path is None:
-        reason = f"{binary} not on PATH (apt-get install prometheus)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
-        pytest.skip(reason)
-    return path
+    return need_binary(binary, "apt-get install prometheus")
 
 
 def exposed_series() -> set[str]:
