@@ -40,10 +40,9 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from dedupe import ClaimOutcome, Ledger, ToolSpec, derive  # noqa: E402
+from tests.bench._common import Stats, commandstats, compact, pick_binary  # noqa: E402
 from workers.redis_server import (  # noqa: E402
     RedisServer,
-    default_redis_binary,
-    find_redis_binaries,
 )
 
 # Powertools reads this at call time; a set value would skip idempotency entirely.
@@ -85,13 +84,8 @@ Body = Callable[[int, int], None]
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _compact(value: Any) -> str:
-    # The same encoding Ledger.commit stores.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
-
-
 def _pad_len() -> int:
-    base = _compact({"id": "eff_" + "0" * 16, "key": "0" * 16, "status": "sent", "pad": ""})
+    base = compact({"id": "eff_" + "0" * 16, "key": "0" * 16, "status": "sent", "pad": ""})
     return RECEIPT_BYTES - len(base)
 
 
@@ -103,18 +97,8 @@ def make_receipt(key16: str) -> dict[str, str]:
     return {"id": f"eff_{key16}", "key": key16, "status": "sent", "pad": _PAD}
 
 
-Stats = dict[str, tuple[int, int]]  # command -> (calls, usec)
 # Commands a client sends to run a script: their usec covers the commands the script runs.
 _SCRIPT_COMMANDS = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
-
-
-def commandstats(client: redis.Redis) -> Stats:
-    stats: dict[str, Any] = client.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
-        for name, v in stats.items()
-        if isinstance(v, dict)
-    }
 
 
 def command_delta(before: Stats, after: Stats) -> Stats:
@@ -318,15 +302,6 @@ def record_breakdown(blob: str) -> list[tuple[str, int]]:
 # -- main ---------------------------------------------------------------------------------
 
 
-def pick_binary(kind: str | None) -> str:
-    if kind is None:
-        return default_redis_binary()
-    found = find_redis_binaries()
-    if kind not in found:
-        raise SystemExit(f"no {kind} redis-server binary (have: {sorted(found) or 'none'})")
-    return found[kind]
-
-
 def interleave(client: redis.Redis, n: int, lineup: list[tuple[Phase, Body]]) -> None:
     """Warm each body up, then run ROUNDS slices of 0..n-1, alternating bodies per slice,
     so that drift (CPU frequency, neighbours, AOF growth) hits every phase alike."""
@@ -404,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         blob = cast(str | None, client.get(record_key))
         if blob is None or json.loads(blob)["s"] != "DONE":
             raise RuntimeError(f"{record_key} is not a DONE record")
-        if len(_compact(json.loads(json.loads(blob)["r"]))) != RECEIPT_BYTES:
+        if len(compact(json.loads(json.loads(blob)["r"]))) != RECEIPT_BYTES:
             raise RuntimeError("receipt is not 100 bytes of compact JSON")
         done_bytes = int(cast(int, client.memory_usage(record_key, samples=0)))
         done_len = int(client.strlen(record_key))

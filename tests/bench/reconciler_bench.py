@@ -55,10 +55,9 @@ if str(_ROOT) not in sys.path:
 
 from dedupe import Found, Ledger, LookupResult, NotFound, State, ToolSpec, derive  # noqa: E402
 from reconciler import HttpLookup, Reconciler  # noqa: E402
+from tests.bench._common import Stats, commandstats, compact, pick_binary  # noqa: E402
 from workers.redis_server import (  # noqa: E402
     RedisServer,
-    default_redis_binary,
-    find_redis_binaries,
 )
 from workers.sandbox import SandboxConfig, SandboxProcess  # noqa: E402
 
@@ -93,11 +92,6 @@ SPEC = _spec()  # for deriving effects; the reconciler's copy carries the lookup
 
 def _args(i: int) -> dict[str, str]:
     return {"customer": f"cus_{i}", "amount": "10.50", "currency": "usd"}
-
-
-def _compact(value: Any) -> str:
-    # The same encoding Ledger.claim / Ledger.commit store.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
 def _progress(text: str) -> None:
@@ -173,18 +167,6 @@ class TimedLookup:
     def lookup(self, idempotency_key: str, token: int | None = None) -> LookupResult:
         result: LookupResult = self.spent.timed("lookup", self.inner.lookup, idempotency_key, token)
         return result
-
-
-Stats = dict[str, tuple[int, int]]  # command -> (calls, usec)
-
-
-def commandstats(client: redis.Redis) -> Stats:
-    stats: dict[str, Any] = client.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
-        for name, v in stats.items()
-        if isinstance(v, dict)
-    }
 
 
 def sent_usec(before: Stats, after: Stats, commands: Iterable[str]) -> tuple[int, int]:
@@ -349,7 +331,7 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
         pipe = client.pipeline(transaction=False)
         for effect in effects:
             keys = ledger._keys(effect.key)
-            request = _compact(
+            request = compact(
                 {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
             )
             # The arguments Ledger.claim / Ledger.commit send, in the same order.
@@ -362,7 +344,7 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
                 "loader/1",
             ]
             ledger._script(keys=keys, args=[*claim, request, ""], client=pipe)  # no campaign
-            receipt = _compact({"id": f"eff_{effect.key[:12]}", "key": effect.key, "token": 1})
+            receipt = compact({"id": f"eff_{effect.key[:12]}", "key": effect.key, "token": 1})
             commit: list[str | int] = ["commit", effect.key, 1, receipt, "", retention_ms, "commit"]
             ledger._script(keys=keys, args=commit, client=pipe)
         replies = pipe.execute()
@@ -466,15 +448,6 @@ def lookup_bench(url: str, keys: list[str], found: set[str]) -> LookupRates:
 
 
 # -- main ---------------------------------------------------------------------------------
-
-
-def pick_binary(kind: str | None) -> str:
-    if kind is None:
-        return default_redis_binary()
-    found = find_redis_binaries()
-    if kind not in found:
-        raise SystemExit(f"no {kind} redis-server binary (have: {sorted(found) or 'none'})")
-    return found[kind]
 
 
 def _mb(n: int) -> str:

@@ -1,0 +1,36 @@
+"""Pieces the benchmarks share: the ledger's JSON encoding, Redis command statistics, and
+the choice of redis-server binary."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from workers.redis_server import default_redis_binary, find_redis_binaries
+
+Stats = dict[str, tuple[int, int]]  # command -> (calls, usec)
+
+
+def compact(value: Any) -> str:
+    """The encoding Ledger.claim / Ledger.commit store."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def commandstats(client: redis.Redis) -> Stats:
+    stats: dict[str, Any] = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for name, v in stats.items()
+        if isinstance(v, dict)
+    }
+
+
+def pick_binary(kind: str | None) -> str:
+    if kind is None:
+        return default_redis_binary()
+    found = find_redis_binaries()
+    if kind not in found:
+        raise SystemExit(f"no {kind} redis-server binary (have: {sorted(found) or 'none'})")
+    return found[kind]
