@@ -133,7 +133,15 @@ class Reconciler:
         result: LookupResult | None = None
         if spec is not None and spec.lookup is not None:
             failpoint("before_lookup")
-            result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
+            try:
+                result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
+            except Exception as exc:
+                # A tool's own lookup code is outside effectq: a bug there is an unanswered
+                # question (retried within the budget, then UNKNOWN), never a dead reconciler.
+                # Its text and traceback may carry arguments: at DEBUG only.
+                log.error("lookup for %s raised %s", key[:12], type(exc).__name__)
+                log.debug("lookup for %s raised", key[:12], exc_info=True)
+                result = Unavailable(f"lookup raised {type(exc).__name__}")
             failpoint("after_lookup")
         decision = decide(takeover, spec, result, budget=self.budget, backoff_s=self.backoff_s)
         retention = spec.retention_s if spec is not None else 7 * 86400.0

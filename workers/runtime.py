@@ -12,33 +12,19 @@ import os
 import threading
 
 import dramatiq
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
 from dedupe import Ledger
 
+from .broker import build_broker
 from .middleware import EffectMiddleware
-from .settings import Settings, settings
+from .settings import settings
 
 __all__ = ["broker", "configure_broker", "ledger", "rebind", "set_ledger"]
 
 _lock = threading.Lock()
 _ledger: tuple[int, Ledger] | None = None
 _broker: dramatiq.Broker | None = None
-
-
-def _build_broker(cfg: Settings) -> dramatiq.Broker:
-    if cfg.broker_url.startswith(("amqp://", "amqps://")):
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
-
-        new: dramatiq.Broker = RabbitmqBroker(url=cfg.broker_url)
-    else:
-        new = RedisBroker(  # type: ignore[no-untyped-call]
-            url=cfg.broker_url,
-            heartbeat_timeout=cfg.broker_heartbeat_timeout_ms,
-            maintenance_chance=cfg.broker_maintenance_chance,
-        )
-    return new
 
 
 class _RedactMessages(logging.Filter):
@@ -75,7 +61,7 @@ def configure_broker(new: dramatiq.Broker) -> dramatiq.Broker:
 def broker() -> dramatiq.Broker:
     """The global broker, built from settings on first use unless one was configured."""
     with _lock:
-        return _broker if _broker is not None else configure_broker(_build_broker(settings()))
+        return _broker if _broker is not None else configure_broker(build_broker(settings()))
 
 
 def rebind() -> dramatiq.Broker:

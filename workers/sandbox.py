@@ -28,7 +28,9 @@ every POST again, and ``seed`` makes the fault schedule replayable (reset re-see
 
 With a state file every execution is appended as one JSON line (the receipt) and fsynced
 before it is acknowledged, and reloaded at start, so a SIGKILLed sandbox keeps its ground
-truth. Tokens seen only through lookups are not persisted.
+truth; so is every raise of a key's highest fencing token seen only through a lookup (a
+``{"fence": key, "token": n}`` line), so a restart does not let a paused holder's older
+token through.
 """
 
 from __future__ import annotations
@@ -143,10 +145,14 @@ class _Sandbox:
     def _reload(self, path: Path) -> None:
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                receipt: Receipt = json.loads(line)
+                entry = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line torn by SIGKILL mid-write was never acknowledged
-            self._record(receipt)
+            if "fence" in entry:
+                key, token = entry["fence"], entry["token"]
+                self.highest[key] = max(self.highest.get(key, token), token)
+            else:
+                self._record(entry)
 
     def _record(self, receipt: Receipt) -> None:
         key = receipt["key"]
@@ -155,24 +161,26 @@ class _Sandbox:
         if receipt["token"] is not None:
             self.highest[key] = max(self.highest.get(key, receipt["token"]), receipt["token"])
 
-    def _persist(self, receipt: Receipt) -> None:
+    def _persist(self, entry: Mapping[str, object]) -> None:
         assert self.state_file is not None
         with self.state_file.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(receipt) + "\n")
+            f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
     def _roll(self, rate: float) -> bool:
         return rate > 0 and self.rng.random() < rate
 
-    def _fence(self, key: str, token: int | None) -> None:
-        """Reject a token below the highest seen for ``key``; otherwise remember it."""
+    def _fence(self, key: str, token: int | None) -> bool:
+        """Reject a token below the highest seen for ``key``; otherwise remember it.
+        True when it raised the highest."""
         if token is None:
-            return
+            return False
         highest = self.highest.get(key)
         if highest is not None and token < highest:
             raise _Reject(409, "stale fencing token", highest=highest)
         self.highest[key] = token
+        return highest != token
 
     async def _delay(self) -> None:
         if self.config.latency_ms > 0:
@@ -186,9 +194,11 @@ class _Sandbox:
         if self._roll(self.config.fail_rate):
             raise _Reject(503, "injected failure")
         async with self.lock:
-            self._fence(key, token)
+            raised = self._fence(key, token)
             stored = self.receipts.get(key)
             if stored and self.config.provider_idempotency:
+                if raised and self.state_file is not None:
+                    await asyncio.to_thread(self._persist, {"fence": key, "token": token})
                 return JSONResponse(stored[-1], status_code=200)
             receipt: Receipt = {
                 "id": f"eff_{uuid.uuid4().hex[:12]}",
@@ -212,7 +222,8 @@ class _Sandbox:
         key = _idempotency_key(request.path_params["key"])
         token = _fencing_token(request.headers.get("fencing-token"))
         async with self.lock:
-            self._fence(key, token)
+            if self._fence(key, token) and self.state_file is not None:
+                await asyncio.to_thread(self._persist, {"fence": key, "token": token})
             horizon = time.time() - self.config.lookup_lag_s
             visible = [r for r in self.receipts.get(key, []) if r["created_at"] <= horizon]
         if not visible:

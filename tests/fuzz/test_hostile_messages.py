@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import Envelope, get_tool, runtime, submit
+from workers.broker import UNDECODABLE as UNDECODABLE_TOOL
 from workers.cli import app
 from workers.local import LocalStack
 
@@ -316,8 +317,8 @@ junk_recipient = st.one_of(
 
 @st.composite
 def hostile_campaign(draw: st.DrawFn) -> str:
-    """The text of a campaign file the CLI must refuse (and that it refuses cleanly today;
-    the crashing shapes are the xfail tests below)."""
+    """The text of a campaign file the CLI must refuse (the shapes that once crashed it
+    are pinned one by one below)."""
     case = draw(st.integers(0, 4))
     if case == 0:  # not JSON at all
         return draw(
@@ -356,9 +357,9 @@ def test_hostile_campaign_files_are_refused_and_nothing_executes(
     assert runtime.ledger().counts() == {}
 
 
-# -- known gaps (workers/cli.py): each crashes with a traceback today ---------------------
+# -- shapes that once crashed the CLI with a traceback -------------------------------------
 
-CRASHING_FILES = {
+WRONG_SHAPES = {
     "top-level number": "42",
     "top-level null": "null",
     "tool not a string": '{"campaign_id": "c", "tool": ["send_email"], "recipients": ["a@b.co"]}',
@@ -368,7 +369,7 @@ CRASHING_FILES = {
 }
 
 
-@pytest.mark.parametrize("text", list(CRASHING_FILES.values()), ids=list(CRASHING_FILES))
+@pytest.mark.parametrize("text", list(WRONG_SHAPES.values()), ids=list(WRONG_SHAPES))
 def test_campaign_file_of_wrong_shape_is_refused_cleanly(
     live: LocalStack, tmp_path: Path, text: str
 ) -> None:
@@ -417,43 +418,34 @@ def _push_raw(data: bytes) -> str:
     return message_id
 
 
-def test_undecodable_broker_messages_do_not_stop_the_worker(live: LocalStack) -> None:
+def test_undecodable_broker_messages_are_dead_lettered_and_the_worker_goes_on(
+    live: LocalStack,
+) -> None:
     pool = live.start_workers(processes=1, threads=2)
-    wait_for(lambda: "ready for action" in live.log("workers.log"), what="worker ready")
+    live.wait_for_workers(1)
+    ledger = runtime.ledger()
 
-    # One at a time: each breaks the consumer's prefetched batch (what else was prefetched
-    # with it stays unacked in the worker's ack set, see the xfail below); the consumer
-    # restarts and serves again.
-    def restarts() -> int:
-        return live.log("workers.log").count("Restarting consumer")
-
-    for n, data in enumerate(UNDECODABLE.values(), start=1):
-        _push_raw(data)
-        wait_for(
-            lambda n=n: restarts() >= n,  # type: ignore[misc]
-            timeout=30,
-            what=f"the consumer to restart after undecodable message {n}",
-        )
+    # Pushed back to back with a good message, so they share a prefetched batch: the good
+    # one must not be stranded in the ack set behind them.
+    pushed = {_push_raw(data): name for name, data in UNDECODABLE.items()}
     ok = submit("send_email", scope="after-bytes", recipient="ok@example.com")
     assert ok.wait(60)["key"] == ok.key
-    assert pool.poll() is None
+
+    def undecodable() -> list[dict[str, str]]:
+        return [d for d in ledger.dead_letters() if d["tool"] == UNDECODABLE_TOOL]
+
+    wait_for(lambda: len(undecodable()) == len(pushed), timeout=30, what="3 dead-letters")
+    records = {d["message_id"]: d["reason"] for d in undecodable()}
+    assert set(records) == set(pushed)
+    for reason in records.values():
+        assert reason.startswith("undecodable message (") and "never executed" in reason
+        assert "\\xff" not in reason and "not json" not in reason  # the bytes are not quoted
+    # Kept in Dramatiq's dead-letter queue, nothing left unacked.
+    wait_for(
+        lambda: broker_messages(live) == {"live": 0, "delayed": 0, "dead": len(pushed)},
+        what="the broker's queues to settle",
+    )
     assert live.stats()["total"] == 1
-    assert "exited with" not in live.log("workers.log")  # no worker process died
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="an undecodable message never reaches effectq: Dramatiq's RedisConsumer raises "
-    "DecodeError out of __next__, the consumer restarts, the message stays unacked in the "
-    "worker's ack set (redelivered only when that worker dies), so do the other messages "
-    "prefetched with it, and no dead-letter record is written; effectq would need its own "
-    "dramatiq Encoder (runtime.configure_broker) that turns undecodable data into a "
-    "message for a dead-letter actor",
-)
-def test_undecodable_broker_message_is_dead_lettered_with_a_reason(live: LocalStack) -> None:
-    live.start_workers(processes=1, threads=2)
-    live.wait_for_workers(1)
-    message_id = _push_raw(UNDECODABLE["invalid UTF-8"])
-    ledger = runtime.ledger()
-    wait_for(lambda: ledger.dead_letters(), timeout=15, what="a dead-letter record")
-    assert ledger.dead_letters()[0]["message_id"] == message_id
+    assert pool.poll() is None
+    log = live.log("workers.log")
+    assert "Restarting consumer" not in log and "exited with" not in log

@@ -247,3 +247,18 @@ def test_state_file_survives_sigkill_and_restart(tmp_path: Path) -> None:
             assert post(client, "a", token=4).json() == receipt  # still idempotent
             assert post(client, "a", token=3).status_code == 409  # still fenced
         assert sandbox.stats() == stats
+
+
+def test_a_token_seen_only_by_a_lookup_still_fences_after_sigkill(tmp_path: Path) -> None:
+    """A reconciler's lookup with token 7 fences the paused holder's token 5 — also after
+    the sandbox was SIGKILLed and restarted between the lookup and the late POST."""
+    with SandboxProcess(state_file=tmp_path / "effects.jsonl") as sandbox:
+        with httpx.Client(base_url=sandbox.url, trust_env=False) as client:
+            lookup = client.get("/v1/effects/late", headers={"Fencing-Token": "7"})
+            assert lookup.status_code == 404
+        sandbox.kill()
+        sandbox.restart()
+        with httpx.Client(base_url=sandbox.url, trust_env=False) as client:
+            assert post(client, "late", token=5).status_code == 409
+            assert post(client, "late", token=7).status_code == 201
+        assert sandbox.stats()["executions"] == {"late": 1}
