@@ -4,10 +4,16 @@ Every transition is one call of ``ledger.lua`` (one round trip, atomic, server t
 class sizes the arguments, names the keys, and turns replies into typed results. It is
 safe to share across threads (redis-py pools connections) and across ``fork`` (redis-py
 resets its pool in a child).
+
+On a Redis Cluster every call stays in one slot: all keys of a call share the bucket's hash
+tag ``{namespace:bucket}``. redis-py's cluster pipeline refuses scripts, so batched script
+calls go through one ordinary pipeline per master (a slot that moved meanwhile is retried
+through the cluster client, which follows the redirect).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -34,6 +40,14 @@ __all__ = ["DEFAULT_BUCKETS", "Ledger"]
 DEFAULT_BUCKETS = 256
 _SCRIPT = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
 _ENV_VOLATILE = "EFFECTQ_ALLOW_VOLATILE_LEDGER"
+# Failover and resharding answers: the call did not run; the next one can.
+_TOPOLOGY = (
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.AskError,  # ASK, MOVED
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,  # a demoted master
+    redis.exceptions.RedisClusterException,  # no node for the slot in the client's map
+)
 # Group membership on the server's clock: refresh one member, drop the silent, list the rest.
 _MEMBERS = """
 local t = redis.call('TIME')
@@ -62,8 +76,8 @@ class Ledger:
     Parameters
     ----------
     client:
-        a ``redis.Redis`` (or cluster) client with ``decode_responses=True``. Keep the ledger
-        in its own database or server, apart from the broker.
+        a ``redis.Redis`` or ``redis.RedisCluster`` client with ``decode_responses=True``.
+        Keep the ledger in its own database or server, apart from the broker.
     allow_volatile:
         accept a Redis without AOF. A ledger that forgets grants a second claim, so this is
         refused unless asked for (or ``EFFECTQ_ALLOW_VOLATILE_LEDGER`` is set).
@@ -75,7 +89,7 @@ class Ledger:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         *,
         namespace: str = "effectq",
         buckets: int = DEFAULT_BUCKETS,
@@ -91,6 +105,7 @@ class Ledger:
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
         self.client = client
+        self.cluster = isinstance(client, redis.RedisCluster)
         self.namespace = namespace
         self.buckets = buckets
         self.wait_replicas = wait_replicas
@@ -108,10 +123,12 @@ class Ledger:
             self.check_durability()
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> Ledger:
+    def from_url(cls, url: str, *, cluster: bool | None = None, **kwargs: Any) -> Ledger:
         """``redis://``, ``rediss://`` (TLS) and ``redis://user:password@…`` (ACL) URLs.
         Keyword arguments the Ledger does not take (``ssl_ca_certs``, ``ssl_certfile``,
-        timeouts…) go to ``redis.Redis.from_url``; TLS options may also sit in the URL."""
+        timeouts…) go to redis-py's ``from_url``; TLS options may also sit in the URL.
+        ``cluster``: the URL names a node of a Redis Cluster; None asks the node
+        (``INFO cluster``), so one URL setting serves both deployments."""
         own = set(inspect.signature(cls.__init__).parameters) - {"self", "client"}
         mine = {k: v for k, v in kwargs.items() if k in own}
         client_options = {k: v for k, v in kwargs.items() if k not in own}
@@ -119,6 +136,16 @@ class Ledger:
         client_options.setdefault("socket_connect_timeout", 5.0)
         client_options.setdefault("health_check_interval", 30)
         client = redis.Redis.from_url(url, decode_responses=True, **client_options)
+        if cluster is None:
+            try:
+                cluster = int(client.info("cluster").get("cluster_enabled", 0)) == 1
+            except redis.RedisError:
+                cluster = False  # unreachable or refused: the durability check reports it
+        if cluster:
+            client.close()
+            return cls(
+                redis.RedisCluster.from_url(url, decode_responses=True, **client_options), **mine
+            )
         return cls(client, **mine)
 
     # -- keys -------------------------------------------------------------------------
@@ -144,7 +171,14 @@ class Ledger:
 
     def check_durability(self) -> None:
         try:
-            info = self.client.info("persistence")
+            if isinstance(self.client, redis.RedisCluster):
+                # Every master must keep an AOF; report the first that does not.
+                per_node = self.client.info(
+                    "persistence", target_nodes=redis.RedisCluster.PRIMARIES
+                )
+                info = min(per_node.values(), key=lambda i: int(i.get("aof_enabled", 0)))
+            else:
+                info = self.client.info("persistence")
         except redis.AuthenticationError as exc:
             raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
         except redis.ResponseError as exc:
@@ -166,7 +200,9 @@ class Ledger:
             if not self.wait_replicas:
                 reply = self._script(keys=self._keys(key), args=argv)
             else:
-                pipe = self.client.pipeline(transaction=False)
+                # WAIT counts the replicas that acknowledged *this connection's* writes: the
+                # script and WAIT share one pipeline to the key's master.
+                pipe = self._node_pipeline(key)
                 self._script(keys=self._keys(key), args=argv, client=pipe)
                 pipe.execute_command(  # type: ignore[no-untyped-call]
                     "WAIT", self.wait_replicas, self.wait_timeout_ms
@@ -179,13 +215,61 @@ class Ledger:
                     )
         except redis.AuthenticationError as exc:
             raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY) as exc:
+            self._reread_slots()
             raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
         except redis.ResponseError as exc:
             raise LedgerError(f"ledger script error: {exc}", key=key) from None
         except redis.RedisError as exc:
             raise LedgerUnavailableError(f"ledger Redis error: {exc}", key=key) from None
         return list(reply)
+
+    def _node_pipeline(self, key: str) -> redis.client.Pipeline:
+        """A pipeline on one connection to the server holding ``key``."""
+        if isinstance(self.client, redis.RedisCluster):
+            return self._node_client(key).pipeline(transaction=False)
+        return self.client.pipeline(transaction=False)
+
+    def _node_client(self, key: str) -> redis.Redis:
+        """The cluster master serving ``key``'s bucket, as the client's slot map says."""
+        assert isinstance(self.client, redis.RedisCluster)
+        node = self.client.get_node_from_key(self._keys(key)[0])  # type: ignore[no-untyped-call]
+        return self.client.get_redis_connection(node)
+
+    def _reread_slots(self) -> None:
+        """A master failed or a slot moved under a node pipeline, which the cluster client
+        does not see: re-read the slot map so the next call finds the new master."""
+        if isinstance(self.client, redis.RedisCluster):
+            with contextlib.suppress(redis.RedisError):
+                self.client.nodes_manager.initialize()
+
+    def _script_batch(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        """The script for each (effect key, argv), pipelined: one round trip per server."""
+        if not isinstance(self.client, redis.RedisCluster):
+            pipe = self.client.pipeline(transaction=False)
+            for key, argv in calls:
+                self._script(keys=self._keys(key), args=argv, client=pipe)
+            return list(pipe.execute())
+        groups: dict[int, tuple[redis.Redis, list[int]]] = {}
+        for i, (key, _) in enumerate(calls):
+            node = self._node_client(key)
+            groups.setdefault(id(node), (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(calls)
+        for node, indexes in groups.values():
+            pipe = node.pipeline(transaction=False)
+            for i in indexes:
+                key, argv = calls[i]
+                self._script(keys=self._keys(key), args=argv, client=pipe)
+            for i, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(reply, redis.exceptions.AskError):
+                    # The slot moved since the client's map was read (failover, resharding):
+                    # the call did not run there; the cluster client follows the redirect.
+                    key, argv = calls[i]
+                    reply = self._script(keys=self._keys(key), args=argv)
+                elif isinstance(reply, Exception):
+                    raise reply
+                replies[i] = reply
+        return replies
 
     def _bounded(self, what: str, text: str, limit: int, key: str) -> str:
         size = len(text.encode("utf-8"))
@@ -223,16 +307,15 @@ class Ledger:
     ) -> list[Submission]:
         """``submit`` for many (effect, message id) pairs in one pipelined round trip.
         ``force`` enqueues despite a live pending marker (a campaign re-submission)."""
-        pipe = self.client.pipeline(transaction=False)
-        for effect, message_id in calls:
-            argv: list[str | int] = [
-                "submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s),
-                message_id, "1" if force else "0",
-            ]  # fmt: skip
-            self._script(keys=self._keys(effect.key), args=argv, client=pipe)
+        batch = [
+            (effect.key, ["submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s),
+                          message_id, "1" if force else "0"])
+            for effect, message_id in calls
+        ]  # fmt: skip
         try:
-            replies = pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            replies = self._script_batch(batch)
+        except (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY) as exc:
+            self._reread_slots()
             raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         except redis.RedisError as exc:
             raise LedgerError(f"ledger script error: {exc}") from None

@@ -11,16 +11,24 @@ from typing import Any
 import pytest
 
 from dedupe import Ledger
+from tests.support.cluster import LocalCluster, local_cluster
 from tests.support.ledgers import charge
 from workers.redis_server import RedisServer
 
 ROUNDS = 20
 
 
-@pytest.fixture(scope="module")
-def server(redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(redis_binary, tmp_path_factory.mktemp("race")) as srv:
-        yield srv
+@pytest.fixture(scope="module", params=["single", "cluster"])
+def server(
+    request: pytest.FixtureRequest, redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer | LocalCluster]:
+    """One redis-server, or a 3-master Redis Cluster (the ledger finds out which)."""
+    if request.param == "cluster":
+        with local_cluster(redis_binary, tmp_path_factory.mktemp("race-cluster")) as cluster:
+            yield cluster
+    else:
+        with RedisServer(redis_binary, tmp_path_factory.mktemp("race")) as srv:
+            yield srv
 
 
 def _racer(url: str, namespace: str, threads: int, barrier: Any, out: Any) -> None:
@@ -40,7 +48,9 @@ def _racer(url: str, namespace: str, threads: int, barrier: Any, out: Any) -> No
 
 
 @pytest.mark.parametrize(("processes", "threads"), [(50, 1), (2, 8)], ids=["50x1", "2x8"])
-def test_racing_claims_grant_exactly_one(server: RedisServer, processes: int, threads: int) -> None:
+def test_racing_claims_grant_exactly_one(
+    server: RedisServer | LocalCluster, processes: int, threads: int
+) -> None:
     namespace = f"race{processes}x{threads}"
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(processes * threads)
@@ -64,5 +74,5 @@ def test_racing_claims_grant_exactly_one(server: RedisServer, processes: int, th
         assert counts == Counter(acquired=1, in_flight=contenders - 1), (round_no, counts)
         record = ledger.get(charge(f"race-{round_no}").key)
         assert record is not None and record.token == 1 and record.attempts == 1
-    bucket_keys = ledger.client.keys(f"{{{namespace}:*}}:r:*")
+    bucket_keys = list(ledger.client.scan_iter(match=f"{{{namespace}:*}}:r:*"))  # every master
     assert len(bucket_keys) == ROUNDS  # one record per raced key, nothing else
