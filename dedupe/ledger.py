@@ -173,10 +173,11 @@ class Ledger:
         try:
             if isinstance(self.client, redis.RedisCluster):
                 # Every master must keep an AOF; report the first that does not.
-                per_node = self.client.info(
-                    "persistence", target_nodes=redis.RedisCluster.PRIMARIES
-                )
-                info = min(per_node.values(), key=lambda i: int(i.get("aof_enabled", 0)))
+                per_node = [
+                    self.client.info("persistence", target_nodes=node)
+                    for node in self.client.get_primaries()  # type: ignore[no-untyped-call]
+                ]
+                info = min(per_node, key=lambda i: int(i.get("aof_enabled", 0)))
             else:
                 info = self.client.info("persistence")
         except redis.AuthenticationError as exc:
