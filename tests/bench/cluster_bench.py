@@ -33,7 +33,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from dedupe import Ledger  # noqa: E402
-from tests.bench._common import pick_binary  # noqa: E402
+from tests.bench._common import commandstats, pick_binary  # noqa: E402
 from tests.support.cluster import LocalCluster  # noqa: E402
 from tests.support.ledgers import charge  # noqa: E402
 
@@ -100,9 +100,23 @@ def main() -> None:
                 rate = one_round(cluster.url, args.seconds, args.procs, args.threads)
                 rates[n].append(rate)
                 print(f"round {r + 1}: {n} master(s): {rate:8.0f} effects/s (claim + commit)")
+        # Server cost per effect, from the 1-master cluster (every effect went through it):
+        # script CPU time from INFO commandstats, memory per stored DONE record.
+        [node] = clusters[1].nodes
+        client = node.client()
+        stats = commandstats(client)
+        calls, usec = stats.get("evalsha", (0, 0))
+        stored = sum(1 for _ in client.scan_iter(match="{bench:*}:r:*", count=1000))
+        memory = client.info("memory")
+        per_record = (int(memory["used_memory"]) - int(memory["used_memory_startup"])) / stored
+        usec_per_effect = usec / stored
     finally:
         for cluster in clusters.values():
             cluster.stop()
+    print(
+        f"1-master server cost: {calls / stored:.2f} script calls and {usec_per_effect:.0f} "
+        f"us of script time per effect, {per_record:.0f} bytes of memory per DONE record"
+    )
     best = {n: max(v) for n, v in rates.items()}
     print(
         f"best of {args.rounds}: 1 master {best[1]:.0f}/s, 3 masters {best[3]:.0f}/s, "
@@ -117,6 +131,8 @@ def main() -> None:
         "client_processes": args.procs,
         "threads": args.threads,
         "cores": os.cpu_count(),
+        "server_usec_per_effect": round(usec_per_effect, 1),
+        "bytes_per_done_record": round(per_record),
         "seconds": args.seconds,
     }))  # fmt: skip
 
