@@ -29,7 +29,6 @@ from dedupe import (
 from .settings import settings
 
 if TYPE_CHECKING:
-    from dedupe import EffectRecord
     from reconciler import Operator
 
 app = typer.Typer(
@@ -164,14 +163,14 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Submit one tool call (deduplicated before the broker)."""
+    from .api.verbs import await_receipt, submit_call
     from .producer import Status
-    from .producer import submit as do_submit
 
     load_tools()
     with errors():
-        handle = do_submit(tool, scope=scope, action=action, **_parse_args(arg or []))
-        if wait is not None and handle.status in (Status.ENQUEUED, Status.PENDING):
-            handle.wait(wait)
+        handle = submit_call(tool, scope=scope, action=action, args=_parse_args(arg or []))
+        if wait is not None:
+            await_receipt(handle, wait)
     document = handle.as_dict()
     if as_json:
         emit(document)
@@ -228,14 +227,40 @@ def reconciler(
             server.close()
 
 
-def _operator() -> Operator:
-    from reconciler import Operator
+@app.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="default EFFECTQ_API_HOST")] = None,
+    port: Annotated[int | None, typer.Option(help="default EFFECTQ_API_PORT")] = None,
+    openapi: Annotated[
+        bool, typer.Option("--openapi", help="print the OpenAPI document and exit")
+    ] = False,
+) -> None:
+    """Serve the producer HTTP API and the operator console (docs/api.md)."""
+    import logging
 
     from . import runtime
-    from .tool import TOOLS
+    from .api.app import create_app, openapi_document, serve
+
+    if openapi:
+        sys.stdout.write(json.dumps(openapi_document(), indent=2) + "\n")
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    load_tools()
+    try:
+        application = create_app()
+    except ValueError as exc:
+        fail(2, str(exc))
+    with errors():
+        runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
+    cfg = settings()
+    serve(application, host=host or cfg.api_host, port=port or cfg.api_port)
+
+
+def _operator() -> Operator:
+    from .api.verbs import operator
 
     load_tools()
-    return Operator(runtime.ledger(), {name: t.spec for name, t in TOOLS.items()})
+    return operator()
 
 
 Actor = Annotated[str, typer.Option(help="who acts (recorded in the audit stream)")]
@@ -309,48 +334,49 @@ def resolve(
             fail(2, f"--receipt is not JSON ({exc.msg})")
         if not isinstance(parsed, dict):
             fail(2, "--receipt must be a JSON object")
+    from .api import verbs
+
+    load_tools()
     with errors():
-        write = _operator().resolve(
+        document = verbs.resolve(
             key, executed=executed, actor=actor, reason=reason, receipt=parsed,
             override_evidence=override_evidence,
         )  # fmt: skip
-    _done(key, write.state, write.token, as_json)
+    _done(document, as_json)
 
 
 @app.command()
 def revoke(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Void a DONE effect; the next submission opens generation n+1."""
+    from .api import verbs
+
+    load_tools()
     with errors():
-        write = _operator().revoke(key, actor=actor, reason=reason)
-    _done(key, write.state, write.token, as_json)
+        _done(verbs.revoke(key, actor=actor, reason=reason), as_json)
 
 
 @app.command()
 def supersede(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Replace a DONE effect; the next submission opens generation n+1."""
+    from .api import verbs
+
+    load_tools()
     with errors():
-        write = _operator().supersede(key, actor=actor, reason=reason)
-    _done(key, write.state, write.token, as_json)
+        _done(verbs.supersede(key, actor=actor, reason=reason), as_json)
 
 
 @app.command()
 def replay(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Send a FAILED / REVOKED / SUPERSEDED effect's stored request again."""
-    from .producer import submit as do_submit
+    from .api import verbs
 
-    def enqueue(record: EffectRecord) -> str:
-        request = record.request or {}
-        handle = do_submit(
-            record.tool, scope=request["scope"], action=request.get("action"), **request["args"]
-        )
-        return handle.status.value
-
+    load_tools()
     with errors():
-        status = _operator().replay(key, actor=actor, reason=reason, enqueue=enqueue)
+        document = verbs.replay(key, actor=actor, reason=reason)
     if as_json:
-        emit({"key": key, "status": status})
+        emit(document)
     else:
-        out.print(f"{status}  {key}", markup=False)
+        out.print(f"{document['status']}  {key}", markup=False)
 
 
 campaign_app = typer.Typer(help="Campaign batches: frozen plans, fan-out, status.")
@@ -365,7 +391,8 @@ def campaign_submit(
     from pydantic import ValidationError
     from rich.progress import Progress
 
-    from .campaign import CampaignFile, submit_campaign
+    from .api.verbs import submit_campaign_file
+    from .campaign import CampaignFile
 
     try:
         with open(path, "rb") as f:
@@ -379,10 +406,7 @@ def campaign_submit(
     load_tools()
     with errors(), Progress(console=err, transient=True, disable=as_json) as bar:
         task = bar.add_task("fan-out", total=len(spec.recipients))
-        report = submit_campaign(
-            spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
-            plan_version=spec.plan_version, progress=lambda n: bar.advance(task, n),
-        )  # fmt: skip
+        report = submit_campaign_file(spec, progress=lambda n: bar.advance(task, n))
     if as_json:
         emit(report.as_dict())
         return
@@ -424,11 +448,13 @@ def campaign_status(
         out.print(f"more: --cursor {document['next_cursor']}", markup=False)
 
 
-def _done(key: str, state: str, token: int, as_json: bool) -> None:
+def _done(document: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        emit({"key": key, "state": state, "token": token})
+        emit(document)
     else:
-        out.print(f"{state}  {key}  token {token}", markup=False)
+        out.print(
+            f"{document['state']}  {document['key']}  token {document['token']}", markup=False
+        )
 
 
 @app.command()

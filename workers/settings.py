@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "settings"]
@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     metrics_enabled: bool = True
     queue: str = "effectq"
     # Dramatiq's Redis broker requeues a dead worker's messages only after this heartbeat
-    # timeout, and only during a maintenance pass (chance per million commands).
+    # timeout, and only during a maintenance pass (chance per million commands). On
+    # RabbitMQ it is the AMQP heartbeat (whole seconds) unless the URL sets `heartbeat=`:
+    # RabbitMQ requeues a frozen worker's messages once it missed heartbeats that long.
     broker_heartbeat_timeout_ms: int = 60_000
     broker_maintenance_chance: int = 1_000
     retry_min_backoff_ms: int = 1_000
@@ -47,6 +49,18 @@ class Settings(BaseSettings):
     # Lease and settle window of the shipped example tools (demo and tests shorten them).
     example_lease_s: float = 30.0
     example_settle_s: float = 5.0
+    # The HTTP API and operator console (`effectq api`, docs/api.md). Bearer tokens as
+    # "NAME:TOKEN:SCOPE[,SCOPE];…" with scopes submit, read, operate (a secret: never
+    # printed). Bodies are bounded (413 over the bound); a campaign's list may be larger.
+    # The console's login cookie lasts `api_session_s` and is `Secure` unless told otherwise
+    # (plain HTTP off localhost).
+    api_tokens: SecretStr = SecretStr("")
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    api_max_body_bytes: int = 64 * 1024
+    api_max_campaign_bytes: int = 16 * 1024 * 1024
+    api_session_s: float = 8 * 3600.0
+    api_cookie_secure: bool = True
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,83 @@
+"""The ASGI app of ``effectq api``: the ``/v1`` routes, the console, their guards.
+
+``create_app()`` reads ``EFFECTQ_*`` settings, imports the tools (``EFFECTQ_TOOLS``) and
+refuses to build without tokens. The OpenAPI document it serves at ``/openapi.json`` is
+committed as ``docs/openapi.json`` (``effectq api --openapi`` prints it; a test holds the
+two equal). No interactive docs pages: they would load scripts from a CDN.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import version
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+
+from ..settings import Settings, settings
+from . import console, problems, routes
+from .auth import Tokens, parse_tokens
+from .limits import AccessLog, BodyLimit
+
+__all__ = ["create_app", "openapi_document", "serve"]
+
+DESCRIPTION = """\
+Submit side-effecting tool calls and campaigns to effectq, read effects and campaign
+progress, and act on effects as an operator. Bodies are the JSON documents of the
+`effectq … --json` commands. Authenticate with `Authorization: Bearer <token>`; a token's
+scopes (`submit`, `read`, `operate`) decide which routes it may call, and operator actions
+are audited under the token's name."""
+
+
+def _build(tokens: Tokens, cfg: Settings) -> FastAPI:
+    app = FastAPI(
+        title="effectq",
+        version=version("effectq"),
+        description=DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=lambda route: route.name,  # operationId = handler name
+        # Spans and OpenTelemetry logs would carry request paths, and so effect keys.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    app.state.tokens = tokens
+    app.state.cookie_secure = cfg.api_cookie_secure
+    problems.install(app)
+    app.include_router(routes.router)
+    app.include_router(console.router)
+    app.add_api_route(
+        "/", lambda: RedirectResponse("/console", status_code=303), include_in_schema=False
+    )
+    app.add_middleware(AccessLog)
+    # Outermost: an oversized body is refused before anything reads it.
+    app.add_middleware(
+        BodyLimit,
+        default=cfg.api_max_body_bytes,
+        by_path={"/v1/campaigns": cfg.api_max_campaign_bytes},
+    )
+    return app
+
+
+def create_app(cfg: Settings | None = None) -> FastAPI:
+    """The app for ``cfg`` (default: the environment). Raises ValueError for a bad or
+    empty ``EFFECTQ_API_TOKENS`` (the message names the entry, never a token)."""
+    cfg = cfg or settings()
+    parsed = parse_tokens(cfg.api_tokens.get_secret_value())
+    if not parsed:
+        raise ValueError("EFFECTQ_API_TOKENS is empty: every request would be refused")
+    importlib.import_module(cfg.tools)
+    return _build(Tokens(parsed, session_s=cfg.api_session_s), cfg)
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document the app serves (it does not depend on settings or tokens)."""
+    document: dict[str, Any] = _build(Tokens((), session_s=0), Settings()).openapi()
+    return document
+
+
+def serve(app: FastAPI, *, host: str, port: int) -> None:
+    # No uvicorn access log: it prints paths, and paths carry effect keys (AccessLog
+    # prints the route template instead).
+    uvicorn.run(app, host=host, port=port, access_log=False, server_header=False)

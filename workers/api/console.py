@@ -1,0 +1,307 @@
+"""The operator console: server-rendered pages under ``/console`` (no JavaScript at all).
+
+The work queue (UNKNOWN effects, expired claims awaiting the reconciler), one effect's whole
+story (history, receipts, raw response, late receipts, the audit trail) with the resolve /
+revoke / supersede / replay forms, and campaign progress. Log in with an API token that has
+the ``read`` scope; the actions need ``operate`` and are audited under the token's name.
+
+Every POST must come from a page of this console: its ``Origin`` (which browsers send with
+form posts) must name this host, and an authenticated form must carry the CSRF token that
+``Tokens.csrf`` derives from the session (see ``workers.api.auth``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+
+from dedupe import EffectqError, EffectRecord, MessageError, State
+
+from ..campaign import campaign_status
+from . import verbs
+from .auth import ApiToken, Tokens
+from .models import KEY_PATTERN, MAX_CURSOR
+from .problems import problem_of
+
+__all__ = ["COOKIE", "router"]
+
+COOKIE = "effectq_session"
+_KEY = re.compile(KEY_PATTERN)
+_ACTIONS = ("resolve", "revoke", "supersede", "replay")
+_MAX_FIELDS = 20
+_HEADERS = {
+    # Styles from this console only, nothing else loads; forms post only here; no framing.
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    # Not "no-referrer": Chromium would then send "Origin: null" with our own form posts.
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+_CSS = resources.files(__package__).joinpath("static/console.css").read_text(encoding="utf-8")
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "—"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def _raw(text: str | None) -> str:
+    """The raw response as received; JSON is indented for reading, anything else verbatim."""
+    if text is None:
+        return ""
+    try:
+        return _pretty(json.loads(text))
+    except ValueError:
+        return text
+
+
+_env = Environment(
+    loader=PackageLoader("workers.api", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.filters.update(when=_when, pretty=_pretty, raw=_raw)
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+# -- sessions and forms -----------------------------------------------------------------
+
+
+class _Session:
+    def __init__(self, tokens: Tokens, token: ApiToken, cookie: str) -> None:
+        self.token = token
+        self.csrf = tokens.csrf(token, cookie)
+        self.can_operate = token.allows("operate")
+        self._tokens, self._cookie = tokens, cookie
+
+    def posted(self, form: dict[str, str] | None) -> bool:
+        """The form is ours: posted from this console, with this session's CSRF token."""
+        if form is None:
+            return False
+        return self._tokens.check_csrf(self.token, self._cookie, form.get("csrf", ""))
+
+
+def _session(request: Request) -> _Session | None:
+    tokens: Tokens = request.app.state.tokens
+    cookie = request.cookies.get(COOKIE)
+    token = tokens.from_session(cookie) if cookie else None
+    if token is None or cookie is None or not token.allows("read"):
+        return None
+    return _Session(tokens, token, cookie)
+
+
+def _page(request: Request, template: str, code: int = 200, **context: Any) -> HTMLResponse:
+    html = _env.get_template(template).render(session=_session(request), **context)
+    return HTMLResponse(html, status_code=code, headers=_HEADERS)
+
+
+def _to_login() -> RedirectResponse:
+    return RedirectResponse("/console/login", status_code=303)
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if origin is None:  # not a browser form post (curl): the CSRF token still decides
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+async def _form(request: Request) -> dict[str, str] | None:
+    """The posted fields (first value of each), or None when the post is not one of ours."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded" or not _same_origin(request):
+        return None
+    try:
+        text = (await request.body()).decode("utf-8")
+        fields = parse_qs(text, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return {name: values[0] for name, values in fields.items()}
+
+
+def _forbidden(request: Request, message: str) -> HTMLResponse:
+    return _page(request, "error.html", 403, title="Refused", message=message)
+
+
+# -- login ------------------------------------------------------------------------------
+
+
+@router.get("/login")
+def login_page(request: Request) -> Response:
+    if _session(request) is not None:
+        return RedirectResponse("/console", status_code=303)
+    return _page(request, "login.html")
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await _form(request)
+    if form is None:
+        return _forbidden(request, "this form must be posted from the console itself")
+    tokens: Tokens = request.app.state.tokens
+    token = tokens.match(form.get("token", ""))
+    if token is None:
+        return _page(request, "login.html", 401, error="unknown token")
+    if not token.allows("read"):
+        return _page(request, "login.html", 403, error="this token lacks the 'read' scope")
+    response = RedirectResponse("/console", status_code=303)
+    response.set_cookie(
+        COOKIE, tokens.session(token), max_age=int(tokens.session_s), path="/console",
+        secure=request.app.state.cookie_secure, httponly=True, samesite="strict",
+    )  # fmt: skip
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    session, form = _session(request), await _form(request)
+    if session is None:
+        return _to_login()
+    if not session.posted(form):
+        return _forbidden(request, "the form's CSRF token does not match your session")
+    response = _to_login()
+    response.delete_cookie(COOKIE, path="/console")
+    return response
+
+
+# -- pages ------------------------------------------------------------------------------
+
+
+@router.get("")
+def queue(request: Request) -> Response:
+    if _session(request) is None:
+        return _to_login()
+    ops = verbs.operator()
+    # Both from bucket indexes (the UNKNOWN index, lease deadlines): bounded, no scan.
+    unknown = ops.list(state=State.UNKNOWN, limit=200)
+    expired = ops.ledger.expired(limit=8)[:200]
+    blocked = [r for r in ops.ledger.get_many(expired).values() if r is not None]
+    return _page(
+        request, "queue.html", unknown=unknown, blocked=blocked, now_ms=ops.ledger.server_time_ms()
+    )
+
+
+def _story(request: Request, key: str, status: int = 200, **context: Any) -> Response:
+    ops = verbs.operator()
+    try:
+        record = ops.inspect(key)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(
+            request, "error.html", problem.status, title="Not found", message=problem.message
+        )
+    audit = [e for e in ops.ledger.audit_log(1000) if e.get("key") == key]
+    return _page(
+        request, "effect.html", status, record=record, audit=audit, actions=_offered(record),
+        **context,
+    )  # fmt: skip
+
+
+def _offered(record: EffectRecord) -> list[str]:
+    """The actions the state table allows from here (the ledger decides again on submit)."""
+    if record.state is State.UNKNOWN:
+        return ["resolve"]
+    if record.state is State.DONE:
+        return ["revoke", "supersede"]
+    if record.state in (State.FAILED, State.REVOKED, State.SUPERSEDED) and record.request:
+        return ["replay"]
+    return []
+
+
+@router.get("/effects/{key}")
+def effect(request: Request, key: str, ok: str | None = None) -> Response:
+    if _session(request) is None:
+        return _to_login()
+    if not _KEY.fullmatch(key):
+        return _page(request, "error.html", 404, title="Not found", message="not an effect key")
+    return _story(request, key, ok=ok if ok in _ACTIONS else None)
+
+
+@router.post("/effects/{key}/{action}")
+async def act(request: Request, key: str, action: str) -> Response:
+    session = _session(request)
+    if session is None:
+        return _to_login()
+    form = await _form(request)
+    if form is None or not session.posted(form):
+        return _forbidden(request, "the form's CSRF token does not match your session")
+    if not session.can_operate:
+        return _forbidden(request, "your token lacks the 'operate' scope")
+    if not _KEY.fullmatch(key) or action not in _ACTIONS:
+        return _page(request, "error.html", 404, title="Not found", message="no such action")
+    try:
+        run = _action(action, key, session.token.name, form)
+        await run_in_threadpool(run)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return await run_in_threadpool(
+            _story, request, key, problem.status, error=problem.message, form=form
+        )
+    return RedirectResponse(f"/console/effects/{key}?ok={action}", status_code=303)
+
+
+def _action(action: str, key: str, actor: str, form: dict[str, str]) -> Callable[[], object]:
+    reason = form.get("reason", "")
+    if action == "resolve":
+        executed = form.get("outcome") == "executed"
+        receipt = _receipt(form.get("receipt", "")) if executed else None
+        override = form.get("override_evidence") == "on"
+        return lambda: verbs.resolve(
+            key, executed=executed, actor=actor, reason=reason, receipt=receipt,
+            override_evidence=override,
+        )  # fmt: skip
+    verb = {"revoke": verbs.revoke, "supersede": verbs.supersede, "replay": verbs.replay}[action]
+    return lambda: verb(key, actor=actor, reason=reason)
+
+
+def _receipt(text: str) -> dict[str, Any] | None:
+    if not text.strip():
+        return None  # the Operator refuses "executed" without evidence, with its own words
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise MessageError("the receipt is not JSON") from None
+    if not isinstance(value, dict):
+        raise MessageError("the receipt must be a JSON object")
+    return value
+
+
+@router.get("/campaigns")
+def campaign(
+    request: Request,
+    campaign_id: Annotated[str, Query(alias="id", max_length=256)] = "",
+    cursor: Annotated[int, Query(ge=0, le=MAX_CURSOR)] = 0,
+) -> Response:
+    if _session(request) is None:
+        return _to_login()
+    if not campaign_id:
+        return _page(request, "campaign.html", progress=None)
+    try:
+        progress = campaign_status(campaign_id, cursor=cursor, page_size=100)
+    except MessageError:  # the one MessageError campaign_status raises: no such plan
+        return _page(request, "campaign.html", 404, progress=None, campaign_id=campaign_id,
+                     error="no such campaign")  # fmt: skip
+    return _page(request, "campaign.html", progress=progress, campaign_id=campaign_id)
+
+
+@router.get("/static/console.css")
+def stylesheet() -> Response:
+    return Response(_CSS, media_type="text/css", headers={"Cache-Control": "max-age=3600"})

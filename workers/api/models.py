@@ -1,0 +1,177 @@
+"""Request and response bodies of the HTTP API, for validation and the OpenAPI document.
+
+Requests are strict (no coercion, no unknown fields). Responses are the CLI's ``--json``
+documents (DESIGN §8), answered as the shared verbs build them; these models only describe
+them, and schemathesis checks the answers against the description.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+
+from dedupe import State
+from reconciler.operator import MAX_TEXT
+
+KEY_PATTERN = r"^[0-9a-f]{64}$"
+# The longest ?wait= a producer may hold a connection for; part of the published contract.
+MAX_WAIT_S = 30.0
+# A campaign page cursor is Redis's HSCAN cursor: an unsigned 64-bit integer.
+MAX_CURSOR = 2**64 - 1
+
+Reason = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_TEXT, pattern=r"\S"),
+    Field(description="why (recorded in the audit stream with the token's actor name)"),
+]  # fmt: skip
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class ToolCall(_Strict):
+    """One tool call, as ``effectq submit TOOL --scope S [--action A] [--arg k=v]...``."""
+
+    tool: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    scope: Annotated[str, StringConstraints(min_length=1, max_length=256)] = Field(
+        description="the trigger: event, order or campaign id (never a clock)"
+    )
+    action: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class Resolve(_Strict):
+    executed: bool = Field(description="true: the effect happened (give the receipt)")
+    reason: Reason
+    receipt: dict[str, JsonValue] | None = Field(
+        default=None, description="the provider's receipt: the evidence for executed=true"
+    )
+    override_evidence: bool = Field(
+        default=False, description="resolve as not executed despite late receipts"
+    )
+
+
+class Action(_Strict):
+    reason: Reason
+
+
+# -- responses --------------------------------------------------------------------------
+
+
+class SubmitResult(BaseModel):
+    key: str
+    status: Literal["enqueued", "pending", "done", "conflict", "blocked"]
+    tool: str
+    state: str | None = None
+    message_id: str | None = None
+    receipt: dict[str, JsonValue] | None = None
+    message: str | None = Field(default=None, description="why ?wait= ended without a receipt")
+
+
+class LateReceipt(BaseModel):
+    token: int
+    receipt: JsonValue
+    at_ms: int
+
+
+class Transition(BaseModel):
+    state: str
+    token: int
+    at_ms: int
+    note: str
+
+
+class EffectDocument(BaseModel):
+    """``effectq inspect KEY --json``."""
+
+    key: str
+    state: State
+    token: int
+    generation: int
+    idempotency_key: str
+    tool: str
+    fingerprint: str
+    attempts: int
+    created_ms: int
+    lease_deadline_ms: int | None
+    holder: str | None
+    request: dict[str, JsonValue] | None
+    receipt: dict[str, JsonValue] | None
+    raw_response: str | None
+    late_receipts: list[LateReceipt]
+    history: list[Transition]
+    reason: str
+    ttl_ms: int | None
+
+
+class Rejected(BaseModel):
+    index: int
+    reason: str
+
+
+class CampaignReport(BaseModel):
+    """``effectq campaign submit FILE --json``."""
+
+    campaign_id: str
+    plan_version: int
+    recipients: int
+    collapsed: int
+    rejected: list[Rejected]
+    sent: int
+    skipped: dict[str, int]
+    added: int
+    removed: int
+
+
+class Recipient(BaseModel):
+    recipient: str
+    key: str
+    state: Literal["pending", "done", "failed", "unknown", "revoked"]
+    sent: bool
+    reason: str | None = None
+
+
+class CampaignStatus(BaseModel):
+    """``effectq campaign status ID --json``: counts, the never-sent diff, a page of rows."""
+
+    campaign_id: str
+    tool: str
+    plan_version: int
+    recipients_total: int
+    counts: dict[str, int]
+    approved_but_never_sent: int
+    blocked_for_operator: int
+    recipients: list[Recipient]
+    next_cursor: int = Field(description="pass as ?cursor= for the next page; 0 on the last")
+    message: str | None
+
+
+class WriteResult(BaseModel):
+    """``effectq resolve | revoke | supersede --json``."""
+
+    key: str
+    state: str
+    token: int
+
+
+class ReplayResult(BaseModel):
+    """``effectq replay --json``: the submit status of the replayed request."""
+
+    key: str
+    status: str
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """Every error: a kind, a one-line reason; never a stack trace, a recipient or a key."""
+
+    error: str
+    message: str
+    state: str | None = None
+    errors: list[FieldError] | None = None

@@ -1,0 +1,244 @@
+"""The producer and operator routes under ``/v1`` (docs/api.md, docs/openapi.json).
+
+Bodies are the CLI's ``--json`` documents, built by the same verbs (``workers.api.verbs``).
+Handlers are plain functions: FastAPI runs them in its thread pool, where the blocking
+ledger and broker clients belong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from dedupe import MessageError
+
+from ..campaign import CampaignFile, campaign_status
+from ..producer import Status, WaitTimeout
+from . import models, verbs
+from .auth import ApiToken, Tokens
+from .problems import ApiProblem
+
+__all__ = ["router"]
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="A token from EFFECTQ_API_TOKENS; its scopes (submit, read, operate) decide "
+    "what it may call.",
+)
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    described = {
+        400: "the body is not UTF-8 text, or Content-Length is malformed",
+        401: "no token, or an unknown one",
+        403: "the token lacks this route's scope",
+        404: "no such effect or campaign",
+        409: "refused by the state table, or a conflicting campaign",
+        413: "request body over its bound",
+        422: "invalid request: field errors, or arguments that name no effect",
+        503: "the ledger is unavailable; nothing was done",
+    }
+    return {c: {"model": models.Problem, "description": described[c]} for c in codes}
+
+
+def _caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+) -> ApiToken:
+    tokens: Tokens = request.app.state.tokens
+    challenge = {"WWW-Authenticate": 'Bearer realm="effectq"'}
+    if credentials is None:
+        raise ApiProblem(401, "unauthorized", "a bearer token is required", headers=challenge)
+    token = tokens.match(credentials.credentials)
+    if token is None:
+        raise ApiProblem(401, "unauthorized", "unknown token", headers=challenge)
+    return token
+
+
+def _needs(scope: str) -> Callable[[ApiToken], ApiToken]:
+    def check(token: Annotated[ApiToken, Depends(_caller)]) -> ApiToken:
+        if not token.allows(scope):
+            raise ApiProblem(403, "forbidden", f"this token lacks the {scope!r} scope")
+        return token
+
+    return check
+
+
+Submitter = Annotated[ApiToken, Depends(_needs("submit"))]
+Reader = Annotated[ApiToken, Depends(_needs("read"))]
+Operating = Annotated[ApiToken, Depends(_needs("operate"))]
+Key = Annotated[str, Path(pattern=models.KEY_PATTERN, description="the effect key")]
+CampaignId = Annotated[str, Path(min_length=1, max_length=256, examples=["spring-2027"])]
+_CALL_EXAMPLES: dict[str, Any] = {
+    "email": {
+        "summary": "an e-mail receipt",
+        "value": {
+            "tool": "send_email",
+            "scope": "order-1042",
+            "args": {"recipient": "ana@example.com", "subject": "Your receipt", "body": "Thanks!"},
+        },
+    },
+    "charge": {
+        "summary": "a charge",
+        "value": {
+            "tool": "charge",
+            "scope": "order-1042",
+            "args": {"customer": "cus_7", "amount": "10.50", "currency": "usd"},
+        },
+    },
+}
+_CAMPAIGN_EXAMPLES: dict[str, Any] = {
+    "spring": {
+        "summary": "a notice to three recipients",
+        "value": {
+            "campaign_id": "spring-2027",
+            "tool": "send_email",
+            "action": "notice",
+            "args": {"subject": "Spring sale", "body": "Hello!"},
+            "recipients": ["ana@example.com", "bo@example.com", "cy@example.com"],
+        },
+    },
+}
+_AUTH = (400, 401, 403, 413, 422, 503)
+
+
+def _known_query(request: Request) -> None:
+    """Strict about the query too: a parameter the route does not take is an error, not
+    silently ignored (a misspelt ``?wiat=`` would otherwise not wait)."""
+    route = request.scope["route"]
+    known = {param.alias for param in route.dependant.query_params}
+    unknown = [name for name in request.query_params if name not in known]
+    if unknown:
+        raise RequestValidationError(
+            [{"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not "
+              "permitted", "input": None} for name in unknown]
+        )  # fmt: skip
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(_known_query)])
+
+
+# -- producers --------------------------------------------------------------------------
+
+
+@router.post(
+    "/tool-calls",
+    summary="Submit one tool call",
+    responses={
+        200: {"model": models.SubmitResult, "description": "done: the receipt is included"},
+        202: {"model": models.SubmitResult, "description": "enqueued or pending (a live "
+              "message exists); with ?wait=, not DONE in time (state and message say where)"},
+        409: {"model": models.SubmitResult, "description": "conflict: other bound fields "
+              "were recorded for this effect"},
+        423: {"model": models.SubmitResult, "description": "blocked: awaiting reconciliation "
+              "or an operator"},
+        **_problems(*_AUTH),
+    },
+)  # fmt: skip
+def submit_tool_call(
+    caller: Submitter,
+    call: Annotated[models.ToolCall, Body(openapi_examples=_CALL_EXAMPLES)],
+    wait: Annotated[
+        float | None,
+        Query(ge=0, le=models.MAX_WAIT_S, description="seconds to wait for the receipt"),
+    ] = None,
+) -> JSONResponse:
+    handle = verbs.submit_call(call.tool, scope=call.scope, action=call.action, args=call.args)
+    if wait is not None:
+        try:
+            verbs.await_receipt(handle, wait)
+        except WaitTimeout as exc:
+            document = {**handle.as_dict(), "state": exc.details["state"], "message": exc.message}
+            return JSONResponse(document, status_code=202)
+    return JSONResponse(handle.as_dict(), status_code=_SUBMIT_STATUS[handle.status])
+
+
+_SUBMIT_STATUS = {
+    Status.DONE: 200, Status.ENQUEUED: 202, Status.PENDING: 202, Status.CONFLICT: 409,
+    Status.BLOCKED: 423,
+}  # fmt: skip
+
+
+@router.post(
+    "/campaigns",
+    summary="Freeze and fan out a campaign",
+    status_code=202,
+    responses={
+        202: {"model": models.CampaignReport, "description": "frozen and fanned out"},
+        **_problems(409, *_AUTH),
+    },
+)
+def submit_campaign(
+    caller: Submitter, spec: Annotated[CampaignFile, Body(openapi_examples=_CAMPAIGN_EXAMPLES)]
+) -> JSONResponse:
+    return JSONResponse(verbs.submit_campaign_file(spec).as_dict(), status_code=202)
+
+
+@router.get(
+    "/campaigns/{campaign_id}",
+    summary="A campaign's counts, never-sent diff and a page of recipients",
+    responses={200: {"model": models.CampaignStatus}, **_problems(404, *_AUTH)},
+)
+def get_campaign(
+    caller: Reader,
+    campaign_id: CampaignId,
+    cursor: Annotated[
+        int,
+        Query(ge=0, le=models.MAX_CURSOR, description="from the previous page's next_cursor"),
+    ] = 0,
+    page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JSONResponse:
+    try:
+        document = campaign_status(campaign_id, cursor=cursor, page_size=page_size)
+    except MessageError:  # the one MessageError campaign_status raises: no such plan
+        raise ApiProblem(404, "not_found", "no such campaign") from None
+    return JSONResponse(document)
+
+
+@router.get(
+    "/effects/{key}",
+    summary="One effect: state, receipts, raw response, history",
+    responses={200: {"model": models.EffectDocument}, **_problems(404, *_AUTH)},
+)
+def get_effect(caller: Reader, key: Key) -> JSONResponse:
+    return JSONResponse(verbs.operator().inspect(key).as_dict())
+
+
+# -- operators: the actor is the token's name --------------------------------------------
+
+_WRITE = {200: {"model": models.WriteResult}, **_problems(404, 409, *_AUTH)}
+
+
+@router.post(
+    "/effects/{key}/resolve", summary="Settle an UNKNOWN effect with evidence", responses=_WRITE
+)
+def resolve(caller: Operating, key: Key, body: models.Resolve) -> JSONResponse:
+    document = verbs.resolve(
+        key, executed=body.executed, actor=caller.name, reason=body.reason,
+        receipt=body.receipt, override_evidence=body.override_evidence,
+    )  # fmt: skip
+    return JSONResponse(document)
+
+
+@router.post("/effects/{key}/revoke", summary="Void a DONE effect", responses=_WRITE)
+def revoke(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
+    return JSONResponse(verbs.revoke(key, actor=caller.name, reason=body.reason))
+
+
+@router.post("/effects/{key}/supersede", summary="Replace a DONE effect", responses=_WRITE)
+def supersede(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
+    return JSONResponse(verbs.supersede(key, actor=caller.name, reason=body.reason))
+
+
+@router.post(
+    "/effects/{key}/replay",
+    summary="Submit a FAILED / REVOKED / SUPERSEDED effect's stored request again",
+    responses={200: {"model": models.ReplayResult}, **_problems(404, 409, *_AUTH)},
+)
+def replay(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
+    return JSONResponse(verbs.replay(key, actor=caller.name, reason=body.reason))
