@@ -294,8 +294,9 @@ class Chaos:
         sandbox = self.stack.sandbox
         if sandbox._proc is None or sandbox._proc.poll() is not None:
             sandbox.start()
-        # The provider's fault switches off: what is left to do completes.
-        sandbox.configure(fail_rate=0.0, drop_ack_rate=0.0)
+        # The provider's fault switches off: what is left to do completes. No latency
+        # either: the check looks every DONE receipt up, one GET per key.
+        sandbox.configure(fail_rate=0.0, drop_ack_rate=0.0, latency_ms=0.0)
 
     # -- observation ---------------------------------------------------------------------
 
