@@ -34,6 +34,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from tests.support.cluster import LocalCluster, local_cluster  # noqa: E402
 from tests.support.requires import unavailable  # noqa: E402
 from tests.support.stack import SANDBOX_DEFAULTS  # noqa: E402
 from workers.local import LocalStack  # noqa: E402
@@ -57,6 +58,21 @@ _BINARY_PARAMS = [pytest.param(path, id=kind) for kind, path in _BINARIES.items(
 def redis_binary(request: pytest.FixtureRequest) -> str:
     path: str = request.param
     return path
+
+
+@pytest.fixture(scope="module", params=["single", "cluster"])
+def ledger_server(
+    request: pytest.FixtureRequest, redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer | LocalCluster]:
+    """One redis-server, or a 3-master Redis Cluster (``Ledger.from_url`` finds out which),
+    for the module: tests that must hold on both (the state table, the race)."""
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "cluster":
+        with local_cluster(redis_binary, root) as cluster:
+            yield cluster
+    else:
+        with RedisServer(redis_binary, root) as srv:
+            yield srv
 
 
 @pytest.fixture

@@ -5,30 +5,16 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from dedupe import Ledger
-from tests.support.cluster import LocalCluster, local_cluster
+from tests.support.cluster import LocalCluster
 from tests.support.ledgers import charge
 from workers.redis_server import RedisServer
 
 ROUNDS = 20
-
-
-@pytest.fixture(scope="module", params=["single", "cluster"])
-def server(
-    request: pytest.FixtureRequest, redis_binary: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RedisServer | LocalCluster]:
-    """One redis-server, or a 3-master Redis Cluster (the ledger finds out which)."""
-    if request.param == "cluster":
-        with local_cluster(redis_binary, tmp_path_factory.mktemp("race-cluster")) as cluster:
-            yield cluster
-    else:
-        with RedisServer(redis_binary, tmp_path_factory.mktemp("race")) as srv:
-            yield srv
 
 
 def _racer(url: str, namespace: str, threads: int, barrier: Any, out: Any) -> None:
@@ -49,14 +35,14 @@ def _racer(url: str, namespace: str, threads: int, barrier: Any, out: Any) -> No
 
 @pytest.mark.parametrize(("processes", "threads"), [(50, 1), (2, 8)], ids=["50x1", "2x8"])
 def test_racing_claims_grant_exactly_one(
-    server: RedisServer | LocalCluster, processes: int, threads: int
+    ledger_server: RedisServer | LocalCluster, processes: int, threads: int
 ) -> None:
     namespace = f"race{processes}x{threads}"
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(processes * threads)
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_racer, args=(server.url, namespace, threads, barrier, out))
+        ctx.Process(target=_racer, args=(ledger_server.url, namespace, threads, barrier, out))
         for _ in range(processes)
     ]
     for p in procs:
@@ -69,7 +55,7 @@ def test_racing_claims_grant_exactly_one(
         p.join(timeout=30)
         assert p.exitcode == 0
     contenders = processes * threads
-    ledger = Ledger.from_url(server.url, namespace=namespace)
+    ledger = Ledger.from_url(ledger_server.url, namespace=namespace)
     for round_no, counts in results.items():
         assert counts == Counter(acquired=1, in_flight=contenders - 1), (round_no, counts)
         record = ledger.get(charge(f"race-{round_no}").key)

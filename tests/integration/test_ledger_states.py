@@ -4,7 +4,6 @@ processes: the machine's own Redis 7 and the embedded Redis 6.2."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,29 +18,16 @@ from dedupe import (
     TransitionRefusedError,
     VolatileLedgerError,
 )
-from tests.support.cluster import LocalCluster, local_cluster
+from tests.support.cluster import LocalCluster
 from tests.support.ledgers import RETENTION_S, charge, fresh_ledger, poll
 from workers.redis_server import RedisServer
 
 RECEIPT = {"id": "eff_1", "status": "charged"}
 
 
-@pytest.fixture(scope="module", params=["single", "cluster"])
-def server(
-    request: pytest.FixtureRequest, redis_binary: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RedisServer | LocalCluster]:
-    """One redis-server, or a 3-master Redis Cluster (the ledger finds out which)."""
-    if request.param == "cluster":
-        with local_cluster(redis_binary, tmp_path_factory.mktemp("ledger-cluster")) as cluster:
-            yield cluster
-    else:
-        with RedisServer(redis_binary, tmp_path_factory.mktemp("ledger")) as srv:
-            yield srv
-
-
 @pytest.fixture
-def ledger(server: RedisServer | LocalCluster) -> Ledger:
-    return fresh_ledger(server.url)
+def ledger(ledger_server: RedisServer | LocalCluster) -> Ledger:
+    return fresh_ledger(ledger_server.url)
 
 
 def claimed(ledger: Ledger, effect: Effect, lease_s: float = 30.0) -> int:
