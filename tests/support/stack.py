@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import redis
 
 from dedupe import EffectRecord, Ledger, State
-from workers.local import LocalStack
+from workers.local import LocalStack, RabbitVhost
 
 SANDBOX_DEFAULTS = {
     "fail_rate": 0.0,
@@ -30,6 +30,15 @@ def broker_client(stack: LocalStack) -> redis.Redis:
 
 def broker_messages(stack: LocalStack, queue: str = "effectq") -> dict[str, int]:
     """Messages the broker still holds: queued or unacked, delayed (retries), dead-lettered."""
+    if stack.broker_url.startswith(("amqp://", "amqps://")):
+        # Through rabbitmqctl: AMQP counts only a queue's ready messages, and Dramatiq holds
+        # a delayed message as an unacknowledged delivery until its eta.
+        held = RabbitVhost(stack.broker_url).queue_messages()
+        return {
+            "live": held.get(queue, 0),
+            "delayed": held.get(f"{queue}.DQ", 0),
+            "dead": held.get(f"{queue}.XQ", 0),
+        }
     client = broker_client(stack)
     ns = f"dramatiq:{queue}"
     return {
