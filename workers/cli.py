@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dedupe import (
+    ConflictError,
     EffectqError,
     LedgerUnavailableError,
     OperatorError,
@@ -62,6 +63,8 @@ def errors() -> Iterator[None]:
         fail(8, exc.message)
     except OperatorError as exc:
         fail(6 if exc.message.startswith("no effect") else 2, exc.message)
+    except ConflictError as exc:  # a campaign re-submitted with a changed list or arguments
+        fail(3, exc.message)
     except EffectqError as exc:
         fail(2, exc.message)
 

@@ -149,3 +149,8 @@ def test_campaign_cli_submit_and_status(live: LocalStack, tmp_path: Path) -> Non
     assert {r["recipient"] for r in document["recipients"]} == set(_people(5))
     bad = _cli(live, "campaign", "status", "nope")
     assert bad.returncode == 2 and "no campaign 'nope'" in bad.stderr
+    path.write_text(json.dumps({"campaign_id": "cli-1", "tool": "send_email",
+                                "args": TEMPLATE, "recipients": _people(6)}))  # fmt: skip
+    changed = _cli(live, "campaign", "submit", str(path))  # same id, another list
+    assert changed.returncode == 3, changed.stderr  # DESIGN §8: 3 is a conflict
+    assert "changed recipient list" in changed.stderr
