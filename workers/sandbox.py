@@ -324,8 +324,9 @@ class _SandboxApp(Starlette):
 async def _hang_up(send: Send) -> None:
     """Close the connection without writing a response (the effect is already committed)."""
     # uvicorn's send is a bound method of its request cycle, which holds the transport.
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
-    if not isinstance(transport, asyncio.Transport):
+    # (Duck-typed: uvloop's transports are not asyncio.Transport subclasses.)
+    transport: Any = getattr(getattr(send, "__self__", None), "transport", None)
+    if not callable(getattr(transport, "abort", None)):
         raise RuntimeError("ack dropped by the sandbox")
     transport.abort()
     # Let connection_lost run now, so uvicorn marks the cycle disconnected and does not
@@ -354,7 +355,11 @@ def serve(
 ) -> None:
     """Run the sandbox until interrupted (blocking)."""
     app = create_app(config, state_file)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # The same loop and HTTP parser whatever else is installed (uvloop and httptools come
+    # with some extras): the fault switches are tested against these two.
+    uvicorn.run(
+        app, host=host, port=port, log_level="warning", access_log=False, loop="asyncio", http="h11"
+    )
 
 
 def _argv_for(config: SandboxConfig) -> list[str]:

@@ -71,7 +71,8 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return self.nodes[0].url
+        """A live node's URL: the cluster client finds the others from it."""
+        return next(node for node in self.nodes if node.running).url
 
     def start(self) -> LocalCluster:
         for node in self.nodes:
@@ -125,7 +126,8 @@ class LocalCluster:
 
     def client(self, **kw: object) -> redis.RedisCluster:
         return redis.RedisCluster(
-            host="127.0.0.1", port=self.nodes[0].port, decode_responses=True,
+            host="127.0.0.1", port=next(n for n in self.nodes if n.running).port,
+            decode_responses=True,
             retry=Retry(NoBackoff(), 3), **kw,  # type: ignore[arg-type]
         )  # fmt: skip
 
