@@ -105,7 +105,6 @@ class Ledger:
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
         self.client = client
-        self.cluster = isinstance(client, redis.RedisCluster)
         self.namespace = namespace
         self.buckets = buckets
         self.wait_replicas = wait_replicas
@@ -147,6 +146,11 @@ class Ledger:
                 redis.RedisCluster.from_url(url, decode_responses=True, **client_options), **mine
             )
         return cls(client, **mine)
+
+    @property
+    def cluster(self) -> bool:
+        """The ledger runs on a Redis Cluster."""
+        return isinstance(self.client, redis.RedisCluster)
 
     # -- keys -------------------------------------------------------------------------
 

@@ -37,6 +37,8 @@ from tests.bench._common import commandstats, pick_binary  # noqa: E402
 from tests.support.cluster import LocalCluster  # noqa: E402
 from tests.support.ledgers import charge  # noqa: E402
 
+SUBMITS = 20_000  # the submit pass before the claim rounds
+
 
 def _client(url: str, seconds: float, threads: int, start: Any, out: Any) -> None:
     ledger = Ledger.from_url(url, namespace="bench")
@@ -78,7 +80,7 @@ def one_round(url: str, seconds: float, procs: int, threads: int) -> float:
     return total / elapsed
 
 
-def submit_cost(cluster: LocalCluster, n: int = 20_000) -> float:
+def submit_cost(cluster: LocalCluster, n: int = SUBMITS) -> float:
     """Script time of one producer submit (the third script call of an effect), measured
     on its own before the claim rounds, in pipelined batches as campaigns submit."""
     ledger = Ledger.from_url(cluster.url, namespace="bench-submit")
@@ -120,8 +122,8 @@ def main() -> None:
         client = node.client()
         stats = commandstats(client)
         calls, usec = stats.get("evalsha", (0, 0))
-        calls -= 20_000  # the submits above
-        usec -= round(submit_usec * 20_000)
+        calls -= SUBMITS  # the submits above
+        usec -= round(submit_usec * SUBMITS)
         stored = sum(1 for _ in client.scan_iter(match="{bench:*}:r:*", count=1000))
         # Pending markers of the submit pass hold memory too: drop them before measuring.
         for name in client.scan_iter(match="{bench-submit:*", count=1000):

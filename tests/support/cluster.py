@@ -133,7 +133,11 @@ class LocalCluster:
 
     def master_of(self, key: str) -> RedisServer:
         """The node serving ``key``'s slot now (as the cluster tells a fresh client)."""
-        port = self.client().get_node_from_key(key).port
+        client = self.client()
+        try:
+            port = client.get_node_from_key(key).port
+        finally:
+            client.close()  # called in polling loops: do not leave a pool per call
         return next(node for node in self.nodes if node.port == int(port))
 
     def masters(self) -> list[RedisServer]:
