@@ -16,9 +16,6 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-import redis
-
-from .errors import LedgerUnavailableError
 from .ledger import Ledger
 
 __all__ = ["CampaignPlan", "CampaignStore", "campaign_tag"]
@@ -53,10 +50,8 @@ class CampaignStore:
         )
 
     def meta(self, campaign_id: str) -> CampaignPlan | None:
-        try:
+        with self.ledger.guard():
             fields: dict[str, str] = self.client.hgetall(self._key(campaign_id))  # type: ignore[assignment]
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         if not fields:
             return None
         return CampaignPlan(
@@ -74,44 +69,37 @@ class CampaignStore:
         in between leaves the previous approval standing; freezing again is idempotent."""
         plan_key = self._key(plan.campaign_id, "plan", plan.version)
         items = list(rows.items())
-        try:
+        with self.ledger.guard():
             for lo in range(0, len(items), _BATCH):
                 self.client.hset(plan_key, mapping=dict(items[lo : lo + _BATCH]))
             meta = {k: str(v) for k, v in asdict(plan).items()}
             self.client.hset(self._key(plan.campaign_id), mapping=meta)  # type: ignore[arg-type]
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
 
     def plan_keys(self, campaign_id: str, version: int) -> set[str]:
-        try:
+        with self.ledger.guard():
             return {str(k) for k in self.client.hkeys(self._key(campaign_id, "plan", version))}
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
 
     def mark_sent(self, campaign_id: str, version: int, keys: Iterable[str]) -> None:
         keys = list(keys)
         if keys:
-            try:
+            with self.ledger.guard():
                 self.client.sadd(self._key(campaign_id, "sent", version), *keys)
-            except redis.RedisError as exc:
-                raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
 
     def sent_count(self, campaign_id: str, version: int) -> int:
-        return int(self.client.scard(self._key(campaign_id, "sent", version)))
+        with self.ledger.guard():
+            return int(self.client.scard(self._key(campaign_id, "sent", version)))
 
     def rows(
         self, campaign_id: str, version: int, *, cursor: int = 0, count: int = 100
     ) -> tuple[int, list[tuple[str, str, bool]]]:
         """A page of (key, recipient, sent) rows of plan ``version``; cursor 0 ends."""
-        try:
+        with self.ledger.guard():
             plan_key = self._key(campaign_id, "plan", version)
             found: dict[str, str]
             cursor, found = self.client.hscan(plan_key, cursor=cursor, count=count)  # type: ignore[assignment]
             keys = list(found)
             sent_key = self._key(campaign_id, "sent", version)
             sent = self.client.smismember(sent_key, keys) if keys else []
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return int(cursor), [
             (str(k), str(found[k]), bool(s)) for k, s in zip(keys, sent, strict=True)
         ]

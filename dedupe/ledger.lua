@@ -3,7 +3,7 @@
 -- Read this against DESIGN.md §2. One script, dispatched on ARGV[1], so that the whole
 -- state table sits in one file; every call is one EVALSHA round trip.
 --
--- KEYS (all three share one hash tag, the record's bucket: one slot, Cluster-safe)
+-- KEYS (all share one hash tag, the record's bucket: one slot, Cluster-safe)
 --   KEYS[1]  record   string: JSON object, fields below
 --   KEYS[2]  leases   zset:   effect key -> lease deadline (ms, server clock) of every
 --                              CLAIMED / RECONCILING record in the bucket; the reconciler
@@ -20,10 +20,16 @@
 --   KEYS[6]  campaigns hash:  "<campaign tag>:<STATE>" -> records of one campaign in each
 --                              state (campaign status without a scan; kept apart from
 --                              the stats so a metrics scrape does not grow with campaigns)
+--   KEYS[7]  floor    string: the highest token of any record of the bucket saved with a TTL
+--                              (settled): a fresh record starts above it, so a key's tokens
+--                              keep growing after its record expired (a stale holder's token
+--                              never becomes valid again). Never expires.
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields (short names keep a DONE record small):
---   s state   t fencing token (per key, only grows)   f fingerprint   g generation
+--   s state   t fencing token (per key, only grows, also across the record's expiry)
+--   f fingerprint   g generation (bumped only by a claim for a submission made after a
+--   revoke/supersede: see claim)
 --   tool      n attempts (claims granted)             c created ms
 --   d lease deadline ms (CLAIMED/RECONCILING only)    h holder (CLAIMED/RECONCILING only)
 --   a ms of the last granted claim (when the effect may first have been sent)
@@ -85,8 +91,14 @@ local function move(state, token, note, deadline)
   end
 end
 
+local function floor()
+  return tonumber(redis.call('GET', KEYS[7]) or '0')
+end
+
 local function save(retention_ms)
   if retention_ms and retention_ms > 0 then
+    -- The record may expire: remember its token, so the key's next record starts above it.
+    if floor() < rec.t then redis.call('SET', KEYS[7], rec.t) end
     redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', retention_ms)
   else
     redis.call('SET', KEYS[1], cjson.encode(rec))
@@ -108,24 +120,36 @@ local function refused()
   return {'refused', 'ABSENT', 0}
 end
 
--- claim(fingerprint, tool, lease_ms, holder, request, campaign tag or '')
---   none | FAILED | REVOKED | SUPERSEDED -> CLAIMED, token+1       => acquired
---   otherwise: fingerprint differs                                 => conflict
---   DONE                                                           => duplicate(receipt)
---   CLAIMED with a live lease, RECONCILING                         => in_flight
---   CLAIMED with an expired lease, UNKNOWN                         => blocked
+-- claim(fingerprint, tool, lease_ms, holder, request, campaign tag or '', generation)
+-- `generation` is the one the message was submitted for (submit's answer, carried by the
+-- envelope): only a submission or replay made after a revoke may open the next generation.
+--   none                                   -> CLAIMED, token floor+1  => acquired
+--   FAILED                                 -> CLAIMED, token+1        => acquired
+--   REVOKED | SUPERSEDED, generation > g   -> CLAIMED g+1, token+1    => acquired
+--   REVOKED | SUPERSEDED, generation <= g: a message of the voided generation
+--                                                                     => duplicate(receipt)
+--   otherwise: fingerprint differs                                    => conflict
+--   DONE                                                              => duplicate(receipt)
+--   CLAIMED with a live lease, RECONCILING                            => in_flight
+--   CLAIMED with an expired lease, UNKNOWN                            => blocked
 local function claim()
   local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
   local campaign = ARGV[8] ~= '' and ARGV[8] or nil
+  local generation = tonumber(ARGV[9])
   local deadline = now + lease_ms
   if not rec then
+    local token = floor() + 1
     rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign}
-    move('CLAIMED', 1, 'claim', deadline)
+    move('CLAIMED', token, 'claim', deadline)
     rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
     redis.call('SET', KEYS[1], cjson.encode(rec), 'NX')
-    return {'acquired', 1, 0}
+    return {'acquired', token, 0}
   end
   local s = rec.s
+  if (s == 'REVOKED' or s == 'SUPERSEDED') and generation <= rec.g then
+    bump('dup_claim', tool)
+    return {'duplicate', rec.t, rec.g, rec.r or '', s}
+  end
   if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
     if s ~= 'FAILED' then rec.g = rec.g + 1 end
     rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
@@ -140,7 +164,7 @@ local function claim()
   end
   if s == 'DONE' then
     bump('dup_claim', tool)
-    return {'duplicate', rec.t, rec.g, rec.r}
+    return {'duplicate', rec.t, rec.g, rec.r, s}
   end
   if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
     return {'in_flight', s, rec.t}
@@ -163,7 +187,9 @@ end
 
 -- commit(token, receipt, raw, retention_ms, note): CLAIMED | RECONCILING under `token`
 -- -> DONE. A retry of the same commit is ok. Stale token => fenced, and the receipt is kept
--- in late receipts as evidence (never as authority).
+-- in late receipts as evidence (never as authority). On FAILED that evidence contradicts
+-- the record ("known not executed"): FAILED -> UNKNOWN under token+1, which blocks every
+-- claim and replay until an operator resolves it.
 local function commit()
   local token, receipt, raw, retention_ms = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
   if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
@@ -173,8 +199,13 @@ local function commit()
       lr[#lr + 1] = {token, receipt, now}
       while #lr > LATE do table.remove(lr, 1) end
       rec.lr = lr
-      local ttl = redis.call('PTTL', KEYS[1])
-      save(ttl > 0 and ttl or 0)
+      if rec.s == 'FAILED' then
+        move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
+        save(0)
+      else
+        local ttl = redis.call('PTTL', KEYS[1])
+        save(ttl > 0 and ttl or 0)
+      end
     end
     return fenced('commit')
   end
@@ -242,12 +273,14 @@ local function unknown()
   return {'ok', 'UNKNOWN', token}
 end
 
--- operate(action, note, retention_ms, receipt, raw): operator transitions, token+1 so that
--- any older holder is fenced.
+-- operate(action, note, retention_ms, receipt, raw, override): operator transitions,
+-- token+1 so that any older holder is fenced.
 --   resolve_done    UNKNOWN -> DONE (evidence: receipt)
---   resolve_failed  UNKNOWN -> FAILED
---   revoke          DONE    -> REVOKED      (next claim opens generation n+1)
---   supersede       DONE    -> SUPERSEDED   (next claim opens generation n+1)
+--   resolve_failed  UNKNOWN -> FAILED; refused while the record holds late receipts
+--                   (evidence of execution) unless override = '1'. Checked here, in the
+--                   same call as the write, so a receipt cannot land in between.
+--   revoke          DONE    -> REVOKED      (a submission after it opens generation n+1)
+--   supersede       DONE    -> SUPERSEDED   (a submission after it opens generation n+1)
 local OPERATOR = {
   resolve_done = {from = 'UNKNOWN', to = 'DONE'},
   resolve_failed = {from = 'UNKNOWN', to = 'FAILED'},
@@ -259,6 +292,9 @@ local function operate()
   local rule = OPERATOR[action]
   if not rule then return redis.error_reply('unknown operator action ' .. action) end
   if not rec or rec.s ~= rule.from then return refused() end
+  if action == 'resolve_failed' and rec.lr and #rec.lr > 0 and ARGV[8] ~= '1' then
+    return {'refused', rec.s, rec.t, #rec.lr}
+  end
   if rule.to == 'DONE' then
     rec.r = ARGV[6]
     if ARGV[7] ~= '' then rec.raw = ARGV[7] end
@@ -272,6 +308,9 @@ end
 -- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
 -- may have been lost, and a second message for one effect is harmless (the claim decides).
 -- Reads the record, writes only the pending marker and counters: not a state transition.
+-- Every answer is {status, state, token, receipt or '', generation}: the generation a
+-- message enqueued now is submitted for (the claim compares it): the record's, or g+1 on
+-- REVOKED / SUPERSEDED (a submission after a revoke opens the next generation), 0 if none.
 --   DONE, same fingerprint                        => done(receipt)
 --   fingerprint differs (and the key is held)     => conflict
 --   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
@@ -282,30 +321,35 @@ local function submit()
   local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
   local force = ARGV[7] == '1'
   local s = rec and rec.s
+  local generation = 0
+  if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
+  local function answer(status, receipt)
+    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation}
+  end
   local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
   if not free then
     if rec.f ~= fp then
       bump('conflict', tool)
-      return {'conflict', s, rec.t}
+      return answer('conflict')
     end
     bump('dup_submit', tool)
-    if s == 'DONE' then return {'done', s, rec.t, rec.r} end
+    if s == 'DONE' then return answer('done', rec.r) end
     if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
-      return {'pending', s, rec.t}
+      return answer('pending')
     end
-    return {'blocked', s, rec.t}
+    return answer('blocked')
   end
   local marker = redis.call('GET', KEYS[4])
   if not marker or (force and string.sub(marker, 1, #fp) == fp) then
     redis.call('SET', KEYS[4], fp .. '|' .. message_id, 'PX', pending_ms)
-    return {'enqueue', s or 'ABSENT', rec and rec.t or 0}
+    return answer('enqueue')
   end
   if string.sub(marker, 1, #fp) ~= fp then
     bump('conflict', tool)
-    return {'conflict', s or 'ABSENT', rec and rec.t or 0}
+    return answer('conflict')
   end
   bump('dup_submit', tool)
-  return {'pending', s or 'ABSENT', rec and rec.t or 0}
+  return answer('pending')
 end
 
 local OPS = {

@@ -17,7 +17,8 @@ import contextlib
 import inspect
 import json
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from typing import Any
 
@@ -35,7 +36,7 @@ from .errors import (
 from .identity import Effect
 from .records import Claim, EffectRecord, State, Submission, Takeover, Write
 
-__all__ = ["DEFAULT_BUCKETS", "Ledger"]
+__all__ = ["DEFAULT_BUCKETS", "Ledger", "ledger_error"]
 
 DEFAULT_BUCKETS = 256
 _SCRIPT = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
@@ -48,6 +49,26 @@ _TOPOLOGY = (
     redis.exceptions.ReadOnlyError,  # a demoted master
     redis.exceptions.RedisClusterException,  # no node for the slot in the client's map
 )
+# Error replies that mean "this server cannot write now" (memory full under noeviction,
+# persistence failing, too few replicas, a script running, loading, a replica, a cluster
+# reconfiguring, a script cache that will not reload): the call did not run and a later one
+# can, so the message stays alive. Redis 6.2 wraps a script's error as "… -CODE text".
+_CANNOT_WRITE = (
+    "OOM", "MISCONF", "NOREPLICAS", "BUSY", "LOADING", "READONLY", "MASTERDOWN",
+    "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT",
+)  # fmt: skip
+_CANNOT_WRITE_REPLY = re.compile(r"(?:^|: -)(" + "|".join(_CANNOT_WRITE) + r")\b")
+# redis-py strips the code from the replies it has a class for.
+_CODE_OF: dict[type[Exception], str] = {
+    redis.exceptions.OutOfMemoryError: "OOM",
+    redis.exceptions.BusyLoadingError: "LOADING",
+    redis.exceptions.ReadOnlyError: "READONLY",
+    redis.exceptions.MasterDownError: "MASTERDOWN",
+    redis.exceptions.ClusterDownError: "CLUSTERDOWN",
+    redis.exceptions.TryAgainError: "TRYAGAIN",
+    redis.exceptions.NoScriptError: "NOSCRIPT",
+}
+_REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 # Group membership on the server's clock: refresh one member, drop the silent, list the rest.
 _MEMBERS = """
 local t = redis.call('TIME')
@@ -70,6 +91,26 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def ledger_error(exc: Exception, *, key: str | None = None) -> LedgerError:
+    """The LedgerError for a Redis error: what the caller may do about it.
+
+    LedgerUnavailableError (try again later: the message stays alive) for an unreachable
+    server and for every reply that means "cannot write now"; LedgerAuthError for refused
+    credentials; LedgerError for any other error reply (a script or configuration fault).
+    """
+    if isinstance(exc, redis.AuthenticationError):
+        return LedgerAuthError(f"ledger Redis refused the credentials: {exc}", key=key)
+    code = next((_CODE_OF[c] for c in type(exc).__mro__ if c in _CODE_OF), None)
+    if code is None and isinstance(exc, redis.ResponseError):
+        found = _CANNOT_WRITE_REPLY.search(str(exc))
+        code = found.group(1) if found else None
+    if code is not None:
+        return LedgerUnavailableError(f"ledger Redis cannot write now ({code}): {exc}", key=key)
+    if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.exceptions.AskError):
+        return LedgerError(f"ledger Redis refused the call: {exc}", key=key)
+    return LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key)
+
+
 class Ledger:
     """One record per effect key, bucketed so each call touches one hash slot.
 
@@ -79,8 +120,9 @@ class Ledger:
         a ``redis.Redis`` or ``redis.RedisCluster`` client with ``decode_responses=True``.
         Keep the ledger in its own database or server, apart from the broker.
     allow_volatile:
-        accept a Redis without AOF. A ledger that forgets grants a second claim, so this is
-        refused unless asked for (or ``EFFECTQ_ALLOW_VOLATILE_LEDGER`` is set).
+        accept a Redis without AOF, or one that evicts keys (``maxmemory-policy`` other than
+        ``noeviction``). A ledger that forgets grants a second claim, so this is refused
+        unless asked for (or ``EFFECTQ_ALLOW_VOLATILE_LEDGER`` is set).
     wait_replicas:
         after each write, ``WAIT`` for this many replicas (same round trip). A claim that no
         replica acknowledged is not acted on. Redis documents that a failover can still lose
@@ -169,39 +211,64 @@ class Ledger:
             f"{tag}:p:{key}",
             f"{tag}:unknown",
             f"{tag}:campaigns",
+            f"{tag}:floor",
         ]
 
     # -- plumbing ---------------------------------------------------------------------
 
     def check_durability(self) -> None:
+        """Refuse a Redis that can forget a record: without AOF, or evicting keys under
+        memory pressure (allkeys-*: a live claim; volatile-*: DONE records, which carry a
+        TTL). On a cluster every master is checked."""
         try:
             if isinstance(self.client, redis.RedisCluster):
-                # Every master must keep an AOF; report the first that does not.
                 per_node = [
-                    self.client.info("persistence", target_nodes=node)
+                    {
+                        **self.client.info("persistence", target_nodes=node),
+                        **self.client.info("memory", target_nodes=node),
+                    }
                     for node in self.client.get_primaries()  # type: ignore[no-untyped-call]
                 ]
-                info = min(per_node, key=lambda i: int(i.get("aof_enabled", 0)))
             else:
-                info = self.client.info("persistence")
+                per_node = [{**self.client.info("persistence"), **self.client.info("memory")}]
         except redis.AuthenticationError as exc:
             raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
         except redis.ResponseError as exc:
             raise VolatileLedgerError(
                 f"cannot verify the ledger's persistence ({exc}); grant INFO or allow volatility"
             ) from None
-        except redis.RedisError as exc:
+        except _REDIS_ERRORS as exc:
             raise LedgerUnavailableError(f"ledger Redis unreachable: {exc}") from None
-        if int(info.get("aof_enabled", 0)) != 1:
-            raise VolatileLedgerError(
-                "the ledger Redis has no AOF persistence (appendonly no): a restart would "
-                "forget claims and grant them twice. Enable appendonly, or set "
-                f"{_ENV_VOLATILE}=true if this ledger may be volatile."
-            )
+        for info in per_node:
+            if int(info.get("aof_enabled", 0)) != 1:
+                raise VolatileLedgerError(
+                    "the ledger Redis has no AOF persistence (appendonly no): a restart would "
+                    "forget claims and grant them twice. Enable appendonly, or set "
+                    f"{_ENV_VOLATILE}=true if this ledger may be volatile."
+                )
+            policy = info.get("maxmemory_policy", "not reported")
+            if policy != "noeviction":
+                raise VolatileLedgerError(
+                    f"the ledger Redis may evict records (maxmemory-policy is {policy}): an "
+                    "evicted claim or receipt is granted again. Set maxmemory-policy "
+                    f"noeviction, or set {_ENV_VOLATILE}=true if this ledger may be volatile."
+                )
+
+    @contextlib.contextmanager
+    def guard(self, key: str | None = None, *, reread: bool = False) -> Iterator[None]:
+        """Run Redis calls; a Redis error leaves as the LedgerError ``ledger_error`` names.
+        ``reread``: a failover or moved slot re-reads the cluster's slot map (calls that go
+        through node pipelines, which the cluster client does not watch)."""
+        try:
+            yield
+        except _REDIS_ERRORS as exc:
+            if reread and isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY)):
+                self._reread_slots()
+            raise ledger_error(exc, key=key) from None
 
     def _call(self, op: str, key: str, *args: Any) -> list[Any]:
         argv = [op, key, *args]
-        try:
+        with self.guard(key, reread=True):
             if not self.wait_replicas:
                 reply = self._script(keys=self._keys(key), args=argv)
             else:
@@ -218,15 +285,6 @@ class Ledger:
                         f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
                         key=key,
                     )
-        except redis.AuthenticationError as exc:
-            raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
-        except (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY) as exc:
-            self._reread_slots()
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
-        except redis.ResponseError as exc:
-            raise LedgerError(f"ledger script error: {exc}", key=key) from None
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis error: {exc}", key=key) from None
         return list(reply)
 
     def _node_pipeline(self, key: str) -> redis.client.Pipeline:
@@ -276,6 +334,14 @@ class Ledger:
                 replies[i] = reply
         return replies
 
+    def request_text(self, effect: Effect) -> str:
+        """The request stored with a claim (an operator replays from it), bounded. Submit
+        checks the same bound, so a call no worker could claim is never enqueued."""
+        request = _compact(
+            {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
+        )
+        return self._bounded("request", request, self.max_request_bytes, effect.key)
+
     def _bounded(self, what: str, text: str, limit: int, key: str) -> str:
         size = len(text.encode("utf-8"))
         if size > limit:
@@ -303,7 +369,9 @@ class Ledger:
 
     def submit(self, effect: Effect, *, message_id: str, pending_s: float) -> Submission:
         """Decide whether a producer may enqueue ``effect``; on "enqueue" a pending marker
-        (``message_id``, expiring after ``pending_s``) now stands for the message."""
+        (``message_id``, expiring after ``pending_s``) now stands for the message, which
+        must carry the answer's ``generation``. RecordTooLargeError, before anything is
+        written, for a request over the claim's bound."""
         [answer] = self.submit_many([(effect, message_id)], pending_s=pending_s)
         return answer
 
@@ -312,18 +380,15 @@ class Ledger:
     ) -> list[Submission]:
         """``submit`` for many (effect, message id) pairs in one pipelined round trip.
         ``force`` enqueues despite a live pending marker (a campaign re-submission)."""
+        for effect, _ in calls:
+            self.request_text(effect)
         batch = [
             (effect.key, ["submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s),
                           message_id, "1" if force else "0"])
             for effect, message_id in calls
         ]  # fmt: skip
-        try:
+        with self.guard(reread=True):
             replies = self._script_batch(batch)
-        except (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY) as exc:
-            self._reread_slots()
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
-        except redis.RedisError as exc:
-            raise LedgerError(f"ledger script error: {exc}") from None
         return [
             Submission.from_reply(effect.key, list(reply))
             for (effect, _), reply in zip(calls, replies, strict=True)
@@ -331,48 +396,49 @@ class Ledger:
 
     def clear_pending(self, key: str) -> None:
         """Forget the pending marker: its message was dead-lettered or never enqueued."""
-        try:
+        with self.guard(key):
             self.client.delete(self._keys(key)[3])
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
 
     def dead_letter(self, *, message_id: str, tool: str, key: str | None, reason: str) -> None:
         """Record why a message was dead-lettered (the broker keeps the message itself)."""
         fields = {"message_id": message_id, "tool": tool, "key": key or "", "reason": reason[:1000]}
-        try:
+        with self.guard(key):
             pipe = self.client.pipeline(transaction=False)
             pipe.xadd(f"{self.namespace}:deadletters", fields, maxlen=100_000, approximate=True)  # type: ignore[arg-type]
             if key:
                 pipe.delete(self._keys(key)[3])
             pipe.execute()
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
 
     def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
         """The most recent dead-letter records, newest first."""
         return self._newest(f"{self.namespace}:deadletters", count)
 
     def _newest(self, stream: str, count: int) -> list[dict[str, str]]:
-        try:
+        with self.guard():
             entries: list[tuple[str, dict[str, str]]] = self.client.xrevrange(  # type: ignore[assignment]
                 stream, count=count
             )
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return [{"id": entry_id, **fields} for entry_id, fields in entries]
 
     # -- worker transitions -----------------------------------------------------------
 
     def claim(
-        self, effect: Effect, *, lease_s: float, holder: str, campaign: str | None = None
+        self,
+        effect: Effect,
+        *,
+        lease_s: float,
+        holder: str,
+        campaign: str | None = None,
+        generation: int = 0,
     ) -> Claim:
         """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked.
-        ``campaign`` (a campaign tag) makes the record count towards its campaign."""
-        request = _compact(
-            {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
-        )
-        self._bounded("request", request, self.max_request_bytes, effect.key)
-        argv = [effect.fingerprint, effect.tool, _ms(lease_s), holder, request, campaign or ""]
+        ``campaign`` (a campaign tag) makes the record count towards its campaign.
+        ``generation``: the one the message was submitted for (``Submission.generation``,
+        carried by the envelope). On a REVOKED / SUPERSEDED record only a later generation
+        opens the next one; an older message is a duplicate of the voided generation."""
+        request = self.request_text(effect)
+        argv = [effect.fingerprint, effect.tool, _ms(lease_s), holder, request, campaign or "",
+                generation]  # fmt: skip
         return Claim.from_reply(effect.key, self._call("claim", effect.key, *argv))
 
     def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
@@ -389,7 +455,9 @@ class Ledger:
         retention_s: float,
         note: str = "commit",
     ) -> Write:
-        """CLAIMED / RECONCILING under ``token`` → DONE with the receipt and raw response."""
+        """CLAIMED / RECONCILING under ``token`` → DONE with the receipt and raw response.
+        Fenced under a stale token: the receipt is kept as a late receipt, and a FAILED
+        record becomes UNKNOWN (evidence of execution blocks the key for an operator)."""
         text, raw_text = self._receipt_texts(receipt, raw, key)
         return Write.from_reply(
             self._call("commit", key, token, text, raw_text, _ms(retention_s), note)
@@ -440,13 +508,27 @@ class Ledger:
         retention_s: float,
         receipt: Mapping[str, Any] | None = None,
         raw: str | None = None,
+        override_evidence: bool = False,
     ) -> Write:
         """resolve_done / resolve_failed (from UNKNOWN), revoke / supersede (from DONE).
 
-        Raises TransitionRefusedError where the state table forbids it.
+        Raises TransitionRefusedError where the state table forbids it, and for
+        resolve_failed on a record holding late receipts unless ``override_evidence``
+        (``details["evidence"]``: how many), decided in the same atomic call as the write.
         """
         text, raw_text = self._receipt_texts(receipt, raw, key) if receipt is not None else ("", "")
-        reply = self._call("operate", key, action, note[:500], _ms(retention_s), text, raw_text)
+        override = "1" if override_evidence else "0"
+        reply = self._call(
+            "operate", key, action, note[:500], _ms(retention_s), text, raw_text, override
+        )
+        if reply[0] == "refused" and len(reply) > 3:
+            late = int(reply[3])
+            raise TransitionRefusedError(
+                f"{action} refused: {late} late receipt(s) say the effect may have happened",
+                key=key,
+                state=str(reply[1]),
+                evidence=late,
+            )
         if reply[0] == "refused":
             raise TransitionRefusedError(
                 f"{action} refused: effect is {reply[1]}", key=key, state=str(reply[1])
@@ -461,15 +543,13 @@ class Ledger:
     def get_many(self, keys: Iterable[str]) -> dict[str, EffectRecord | None]:
         """Records of ``keys`` in one pipelined round trip (None where there is none)."""
         keys = list(keys)
-        try:
+        with self.guard():
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 record_key = self._keys(key)[0]
                 pipe.get(record_key)
                 pipe.pttl(record_key)
             replies = pipe.execute()
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return {
             key: None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
             for key, blob, ttl in zip(keys, replies[::2], replies[1::2], strict=True)
@@ -479,7 +559,7 @@ class Ledger:
         """Keys of records in ``state``. UNKNOWN, CLAIMED and RECONCILING come from the
         bucket indexes; the expiring states need a SCAN of the keyspace, bounded by
         ``limit``."""
-        try:
+        with self.guard():
             if state in (State.UNKNOWN, State.CLAIMED, State.RECONCILING):
                 index = "unknown" if state is State.UNKNOWN else "leases"
                 pipe = self.client.pipeline(transaction=False)
@@ -492,8 +572,6 @@ class Ledger:
                     keys.append(str(name).rsplit(":", 1)[1])
                     if len(keys) >= 20 * limit:
                         break
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         if state is State.UNKNOWN:
             return keys[:limit]
         records = self.get_many(keys)
@@ -501,10 +579,8 @@ class Ledger:
 
     def audit(self, **fields: str) -> str:
         """Append an operator action to the audit stream (never trimmed)."""
-        try:
+        with self.guard():
             entry = self.client.xadd(f"{self.namespace}:audit", fields)  # type: ignore[arg-type]
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"audit stream unavailable: {exc}") from None
         return str(entry)
 
     def audit_log(self, count: int = 100) -> list[dict[str, str]]:
@@ -512,10 +588,8 @@ class Ledger:
         return self._newest(f"{self.namespace}:audit", count)
 
     def server_time_ms(self) -> int:
-        try:
+        with self.guard():
             seconds, micros = self.client.time()
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return int(seconds) * 1000 + int(micros) // 1000
 
     def expired(
@@ -527,25 +601,19 @@ class Ledger:
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets) if buckets is None else buckets:
             pipe.zrangebyscore(f"{self._tag(bucket)}:leases", "-inf", now, start=0, num=limit)
-        try:
+        with self.guard():
             found = pipe.execute()
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return [str(key) for keys in found for key in keys]
 
     def members(self, group: str, member: str, *, ttl_s: float) -> list[str]:
         """Refresh ``member`` of ``group`` and return the live members (seen within ttl)."""
-        try:
+        with self.guard():
             live = self._members(keys=[f"{self.namespace}:{group}"], args=[member, _ms(ttl_s)])
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         return [str(m) for m in live]
 
     def leave(self, group: str, member: str) -> None:
-        try:
+        with self.guard():
             self.client.zrem(f"{self.namespace}:{group}", member)
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
 
     def campaign_counts(self, tag: str) -> dict[str, int]:
         """State → number of records of campaign ``tag``, summed over buckets (no scan)."""
@@ -553,10 +621,8 @@ class Ledger:
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets):
             pipe.hmget(f"{self._tag(bucket)}:campaigns", [f"{tag}:{s}" for s in states])
-        try:
+        with self.guard():
             replies = pipe.execute()
-        except redis.RedisError as exc:
-            raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}") from None
         totals = dict.fromkeys(states, 0)
         for values in replies:
             for state, value in zip(states, values, strict=True):
@@ -568,8 +634,10 @@ class Ledger:
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets):
             pipe.hgetall(f"{self._tag(bucket)}:stats")
+        with self.guard():
+            replies = pipe.execute()
         totals: dict[tuple[str, str], int] = {}
-        for stats in pipe.execute():
+        for stats in replies:
             for name, value in stats.items():
                 kind, _, label = name.partition(":")
                 totals[(kind, label)] = totals.get((kind, label), 0) + int(value)

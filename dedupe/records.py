@@ -50,7 +50,9 @@ def _json_or_none(text: str | None) -> Any:
 @dataclass(frozen=True)
 class Claim:
     """The ledger's answer to a claim. ``token`` is the fencing token to write under when
-    acquired, else the record's current token; ``receipt`` is set on a duplicate."""
+    acquired, else the record's current token; ``receipt`` is set on a duplicate. A
+    duplicate is of a DONE record, or of a REVOKED / SUPERSEDED one when the message was
+    submitted for the voided generation (``state`` says which)."""
 
     outcome: ClaimOutcome
     key: str
@@ -74,7 +76,7 @@ class Claim:
             return cls(outcome, key, int(reply[1]), int(reply[2]), State.CLAIMED)
         if outcome is ClaimOutcome.DUPLICATE:
             receipt = _json_or_none(reply[3])
-            return cls(outcome, key, int(reply[1]), int(reply[2]), State.DONE, receipt)
+            return cls(outcome, key, int(reply[1]), int(reply[2]), State(reply[4]), receipt)
         return cls(outcome, key, int(reply[2]), state=State(reply[1]))
 
 
@@ -88,18 +90,27 @@ class SubmitStatus(StrEnum):
 
 @dataclass(frozen=True)
 class Submission:
-    """The ledger's answer to a producer: enqueue, or why not (with the receipt if done)."""
+    """The ledger's answer to a producer: enqueue, or why not (with the receipt if done).
+
+    ``generation`` is the generation a message enqueued now is submitted for: the record's
+    (0 without one), or the next after a revoke / supersede. The message must carry it (the
+    envelope's ``g``): a claim opens a new generation only for a message submitted after
+    the revoke, never for an older one still in the queue."""
 
     status: SubmitStatus
     key: str
     state: str
     token: int
     receipt: dict[str, Any] | None = None
+    generation: int = 0
 
     @classmethod
     def from_reply(cls, key: str, reply: list[Any]) -> Submission:
-        receipt = _json_or_none(reply[3]) if len(reply) > 3 else None
-        return cls(SubmitStatus(reply[0]), key, str(reply[1]), int(reply[2]), receipt)
+        status, state, token, receipt, generation = reply
+        return cls(
+            SubmitStatus(status), key, str(state), int(token), _json_or_none(receipt),
+            int(generation),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

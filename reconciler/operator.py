@@ -62,35 +62,36 @@ class Operator:
         receipt: Mapping[str, Any] | None = None,
         override_evidence: bool = False,
     ) -> Write:
-        """Settle an UNKNOWN effect with the operator's evidence."""
+        """Settle an UNKNOWN effect with the operator's evidence. ``--not-executed`` is
+        refused while the record holds late receipts (evidence that it happened) unless
+        ``override_evidence``: the ledger checks that in the same atomic call as the write,
+        so a receipt landing meanwhile is never overridden unseen."""
         action = "resolve_done" if executed else "resolve_failed"
 
         def check(record: EffectRecord) -> None:
             if executed and receipt is None:
                 raise OperatorError("resolve --executed needs the receipt as evidence", key=key)
-            if not executed and record.late_receipts and not override_evidence:
-                raise TransitionRefusedError(
-                    f"refused: {len(record.late_receipts)} late receipt(s) say the effect may "
-                    "have happened; pass --override-evidence to resolve it as not executed",
-                    key=key,
-                    state=record.state.value,
-                )
 
-        return self._act(key, action, actor, reason, check=check, receipt=receipt)
+        return self._act(
+            key, action, actor, reason, check=check, receipt=receipt,
+            override_evidence=override_evidence,
+        )  # fmt: skip
 
     def revoke(self, key: str, *, actor: str, reason: str) -> Write:
-        """Void a DONE effect; the next claim opens generation n+1 (history is kept)."""
+        """Void a DONE effect (history is kept). A submission or replay made after it opens
+        generation n+1; a message queued before it is a duplicate and never runs."""
         return self._act(key, "revoke", actor, reason)
 
     def supersede(self, key: str, *, actor: str, reason: str) -> Write:
-        """Replace a DONE effect; the next claim opens generation n+1 (history is kept)."""
+        """Replace a DONE effect (history is kept); generations as for ``revoke``."""
         return self._act(key, "supersede", actor, reason)
 
     def replay(
         self, key: str, *, actor: str, reason: str, enqueue: Callable[[EffectRecord], str]
     ) -> str:
         """Send the stored request again, only where a claim would be granted; ``enqueue``
-        submits it (the workers' producer) and returns its submit status."""
+        submits it (the workers' producer) and returns its submit status. Going through
+        submit makes it a submission after the revoke: its message opens generation n+1."""
         _check_words(actor, reason)
         record = self.inspect(key)
         if record.state not in _CLAIMABLE or record.request is None:
@@ -115,6 +116,7 @@ class Operator:
         *,
         check: Callable[[EffectRecord], None] | None = None,
         receipt: Mapping[str, Any] | None = None,
+        override_evidence: bool = False,
     ) -> Write:
         _check_words(actor, reason)
         record = self.inspect(key)
@@ -129,11 +131,19 @@ class Operator:
         try:
             write = self.ledger.operate(
                 key, action, note=f"{action} by {actor}: {reason}", retention_s=retention,
-                receipt=receipt,
+                receipt=receipt, override_evidence=override_evidence,
             )  # fmt: skip
         except TransitionRefusedError as exc:
             # The ledger decides (it may have moved since we read it); say why in words.
-            refusal = TransitionRefusedError(_refusal(action, exc.state), key=key, state=exc.state)
+            if "evidence" in exc.details:
+                refusal = TransitionRefusedError(
+                    f"{exc.message}; pass --override-evidence to resolve it as not executed",
+                    key=key, state=exc.state, evidence=exc.details["evidence"],
+                )  # fmt: skip
+            else:
+                refusal = TransitionRefusedError(
+                    _refusal(action, exc.state), key=key, state=exc.state
+                )
             self._audit(action, key, actor, reason, f"refused: {refusal.message}")
             raise refusal from None
         self._audit(action, key, actor, reason, f"ok: {write.state} token {write.token}")

@@ -208,9 +208,12 @@ def _fan_out(
             force=True,
         )
         send = [a.key for a in answers if a.status is SubmitStatus.ENQUEUE]
-        for answer in answers:
+        for effect, answer in zip(batch, answers, strict=True):
             if answer.status is not SubmitStatus.ENQUEUE:
                 skipped[answer.status.value] += 1
+            elif answer.generation:  # same message id, carrying the generation it is for
+                envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
+                messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
         enqueue_many(tool.actor.broker, [messages[key] for key in send])
         store.mark_sent(campaign_id, version, send)
         report.sent += len(send)

@@ -93,6 +93,9 @@ def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **a
         effect, message_id=message.message_id, pending_s=settings().pending_ttl_s
     )
     if answer.status is SubmitStatus.ENQUEUE:
+        if answer.generation:  # same message id (the marker names it), for this generation
+            envelope = Envelope.of(effect, generation=answer.generation)
+            message = message.copy(args=(envelope.model_dump(),))
         try:
             target.actor.broker.enqueue(message)
         except BaseException:

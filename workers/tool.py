@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
-from pydantic import BaseModel, ConfigDict, JsonValue, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
 
 from dedupe import (
     ClaimOutcome,
@@ -68,12 +68,15 @@ class Envelope(BaseModel):
     action: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     args: dict[str, JsonValue]
     campaign: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
+    # The generation the message was submitted for (the ledger's submit answer): after a
+    # revoke, only a message submitted later opens the next generation.
+    g: Annotated[int, Field(ge=0)] = 0
 
     @classmethod
-    def of(cls, effect: Effect, campaign: str | None = None) -> Envelope:
+    def of(cls, effect: Effect, campaign: str | None = None, generation: int = 0) -> Envelope:
         return cls(
             v=1, key=effect.key, scope=effect.scope, action=effect.action,
-            args=dict(effect.args), campaign=campaign,
+            args=dict(effect.args), campaign=campaign, g=generation,
         )  # fmt: skip
 
 
@@ -172,7 +175,7 @@ class EffectTool:
 
     def _effect_of(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Effect, str | None]:
+    ) -> tuple[Effect, str | None, int]:
         if kwargs or len(args) != 1 or not isinstance(args[0], dict):
             raise MessageError(f"{self.name}: a message carries exactly one envelope object")
         try:
@@ -193,14 +196,14 @@ class EffectTool:
                 f"({effect.key[:12]}…)",
                 key=envelope.key,
             )
-        return effect, envelope.campaign
+        return effect, envelope.campaign, envelope.g
 
     def _perform(self, *args: Any, **kwargs: Any) -> None:
         message = CurrentMessage.get_current_message()
         message_id = message.message_id if message is not None else "direct"
         age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
         retries = int(message.options.get("retries", 0)) if message else 0
-        effect, campaign = self._effect_of(args, kwargs)
+        effect, campaign, generation = self._effect_of(args, kwargs)
         ledger = runtime.ledger()
         if age_s > self.spec.provider_window_s:
             self._refuse_stale(effect, age_s)
@@ -209,8 +212,9 @@ class EffectTool:
         started = time.perf_counter()
         try:
             claim = ledger.claim(
-                effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign
-            )
+                effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign,
+                generation=generation,
+            )  # fmt: skip
         except LedgerUnavailableError as exc:
             metrics.ledger_seconds("claim").observe(time.perf_counter() - started)
             self._metrics.claims["unavailable"].inc()

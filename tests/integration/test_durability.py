@@ -18,7 +18,15 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
-from dedupe import ClaimOutcome, Ledger, LedgerUnavailableError, VolatileLedgerError
+from dedupe import (
+    CampaignPlan,
+    CampaignStore,
+    ClaimOutcome,
+    Ledger,
+    LedgerError,
+    LedgerUnavailableError,
+    VolatileLedgerError,
+)
 from tests.support.ledgers import charge
 from tests.support.stack import wait_for
 from workers.redis_server import RedisServer, default_redis_binary
@@ -320,3 +328,71 @@ def test_lagging_replica_wait_refuses_the_claim_plain_mode_loses_it(tmp_path: Pa
     print(f"\nfrozen replica: WAIT=1 {outcomes[1]}; no WAIT {outcomes[0]}")
     assert outcomes[1].startswith("refused")
     assert outcomes[0] == "acknowledged, lost"
+
+
+# -- eviction and server refusals (issue 15, item 2) ---------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
+def test_an_evicting_redis_is_refused_as_a_ledger(
+    redis_binary: str, tmp_path: Path, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # allkeys-*: a live CLAIMED record can be evicted and its claim granted again;
+    # volatile-*: DONE records (they carry a TTL) go first, and the effect runs again.
+    monkeypatch.delenv("EFFECTQ_ALLOW_VOLATILE_LEDGER", raising=False)
+    evicting = ("--maxmemory-policy", policy, "--maxmemory", "64mb")
+    with RedisServer(redis_binary, tmp_path, aof=True, extra_args=evicting) as server:
+        with pytest.raises(VolatileLedgerError, match=f"maxmemory-policy is {policy}"):
+            Ledger.from_url(server.url)
+        Ledger.from_url(server.url, allow_volatile=True)  # explicitly allowed: served
+
+
+def test_a_full_redis_is_ledger_unavailable_never_bad_input(redis_server: RedisServer) -> None:
+    ledger = Ledger.from_url(redis_server.url, namespace=f"oom{uuid.uuid4().hex[:8]}")
+    held = charge()
+    claim = ledger.claim(held, lease_s=30, holder="w/1")
+    finished = charge()
+    done = ledger.claim(finished, lease_s=30, holder="w/1")
+    assert ledger.commit(finished.key, done.token, {"id": "r"}, retention_s=60).ok
+    store = CampaignStore(ledger)
+    plan = CampaignPlan("c-1", "charge", "default", 1, 1, "a", "b")
+    admin = redis_server.client()
+    admin.config_set("maxmemory", 1)  # noeviction and over the limit: every write refused
+    try:
+        attempts = {
+            "claim": lambda: ledger.claim(charge(), lease_s=30, holder="w/2"),
+            "heartbeat": lambda: ledger.heartbeat(held.key, claim.token, lease_s=30),
+            "commit": lambda: ledger.commit(held.key, claim.token, {"id": "x"}, retention_s=60),
+            "fail": lambda: ledger.fail(held.key, claim.token, reason="x", retention_s=60),
+            "handover": lambda: ledger.handover(held.key, claim.token, reason="x"),
+            "submit": lambda: ledger.submit(charge(), message_id="m", pending_s=60),
+            "submit_many": lambda: ledger.submit_many([(charge(), "m")], pending_s=60),
+            "operate": lambda: ledger.operate(finished.key, "revoke", note="x", retention_s=60),
+            "dead_letter": lambda: ledger.dead_letter(
+                message_id="m", tool="charge", key=held.key, reason="x"
+            ),
+            "audit": lambda: ledger.audit(action="revoke", key=held.key),
+            "members": lambda: ledger.members("reconcilers", "r/1", ttl_s=10),
+            "freeze": lambda: store.freeze(plan, {held.key: "cus_1"}),
+            "mark_sent": lambda: store.mark_sent("c-1", 1, [held.key]),
+        }
+        written = set()
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+            except LedgerUnavailableError as exc:
+                assert "OOM" in exc.message, (name, exc.message)
+            except LedgerError as exc:
+                pytest.fail(f"{name}: OOM reported as {type(exc).__name__}: {exc.message}")
+            else:
+                written.add(name)
+        # Redis checks memory at a script's first write only: a revoke's first write (ZREM
+        # of the lease entry) frees memory, so that script runs whole. Every other call
+        # was refused before it wrote anything.
+        assert written == {"operate"}
+        # Reads still answer: an operator can look while the server is full.
+        record = ledger.get(held.key)
+        assert record is not None and record.token == claim.token
+    finally:
+        admin.config_set("maxmemory", 0)
+    assert ledger.commit(held.key, claim.token, {"id": "x"}, retention_s=60).ok

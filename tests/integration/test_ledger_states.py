@@ -315,7 +315,8 @@ def test_done_revoked_or_superseded_opens_the_next_generation(
     token = done(ledger, effect)
     write = ledger.operate(effect.key, action, note="actor=ops reason=refund", retention_s=60)
     assert write.ok and write.state == end and write.token == token + 1
-    again = ledger.claim(effect, lease_s=30, holder="w/2")
+    submitted = ledger.submit(effect, message_id="m-2", pending_s=60)  # made after the revoke
+    again = ledger.claim(effect, lease_s=30, holder="w/2", generation=submitted.generation)
     assert (again.outcome, again.generation, again.token) == ("acquired", 1, token + 2)
     assert again.idempotency_key != effect.key
     record = ledger.get(effect.key)
@@ -330,7 +331,10 @@ def test_token_sequence_strictly_increases_across_generations(ledger: Ledger) ->
         assert ledger.fail(effect.key, token, reason="declined", retention_s=60).ok
     token = done(ledger, effect)
     ledger.operate(effect.key, "revoke", note="r", retention_s=60)
-    token = done(ledger, effect)
+    replay = ledger.submit(effect, message_id="m-replay", pending_s=60)
+    claim = ledger.claim(effect, lease_s=30, holder="w/2", generation=replay.generation)
+    assert ledger.commit(effect.key, claim.token, RECEIPT, retention_s=RETENTION_S).ok
+    token = claim.token
     record = ledger.get(effect.key)
     assert record is not None and record.generation == 1
     tokens = [h.token for h in record.history]
@@ -461,3 +465,136 @@ def test_ledger_is_unavailable_not_permissive_when_redis_is_gone(
 def test_namespace_is_validated() -> None:
     with pytest.raises(ValueError, match="namespace"):
         Ledger(redis.Redis(), namespace="a{b}", allow_volatile=True)
+
+
+# -- generations: only a submission made after a revoke opens n+1 (issue 15, item 1) ------
+
+
+@pytest.mark.parametrize(("action", "end"), [("revoke", "REVOKED"), ("supersede", "SUPERSEDED")])
+def test_a_message_queued_before_a_revoke_never_opens_a_new_generation(
+    ledger: Ledger, action: str, end: str
+) -> None:
+    effect = charge()
+    submitted = ledger.submit(effect, message_id="m-1", pending_s=60)
+    assert (submitted.status, submitted.generation) == ("enqueue", 0)
+    token = done(ledger, effect)  # the message, submitted for generation 0, ran
+    ledger.operate(effect.key, action, note="actor=ops reason=refunded", retention_s=60)
+    # The same message again (a redelivery after a kill at after_commit, or a second copy
+    # queued before the revoke): it was submitted for generation 0, which is voided.
+    old = ledger.claim(effect, lease_s=30, holder="w/2", generation=submitted.generation)
+    assert old.outcome is ClaimOutcome.DUPLICATE and old.state == end
+    assert (old.token, old.generation, old.receipt) == (token + 1, 0, RECEIPT)
+    record = ledger.get(effect.key)
+    assert record is not None and record.state == end and record.generation == 0
+    assert [(h.state, h.token) for h in record.history] == [
+        ("CLAIMED", 1), ("DONE", 1), (end, 2),
+    ]  # fmt: skip
+    assert ledger.counts()[("dup_claim", "charge")] == 1
+
+
+def test_a_submission_after_a_revoke_opens_the_next_generation_once(ledger: Ledger) -> None:
+    effect = charge()
+    done(ledger, effect)
+    ledger.operate(effect.key, "revoke", note="actor=ops reason=bounced", retention_s=60)
+    replay = ledger.submit(effect, message_id="m-2", pending_s=60)
+    assert (replay.status, replay.state, replay.generation) == ("enqueue", "REVOKED", 1)
+    claim = ledger.claim(effect, lease_s=30, holder="w/2", generation=replay.generation)
+    assert (claim.outcome, claim.generation, claim.token) == ("acquired", 1, 3)
+    assert ledger.submit(effect, message_id="m-3", pending_s=60).generation == 1  # CLAIMED g1
+    assert ledger.commit(effect.key, claim.token, RECEIPT, retention_s=60).ok
+    ledger.operate(effect.key, "revoke", note="actor=ops reason=again", retention_s=60)
+    # The replay's message delivered twice: its second copy is of the voided generation 1.
+    again = ledger.claim(effect, lease_s=30, holder="w/3", generation=replay.generation)
+    assert again.outcome is ClaimOutcome.DUPLICATE and again.generation == 1
+    assert ledger.submit(effect, message_id="m-4", pending_s=60).generation == 2
+
+
+# -- tokens grow across the expiry of a settled record (issue 15, item 5) -----------------
+
+
+def test_tokens_keep_growing_after_a_settled_record_expires(ledger: Ledger) -> None:
+    effect = charge()
+    stale = claimed(ledger, effect, lease_s=0.05)  # this holder pauses past its lease
+    takeover = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
+    )
+    assert takeover is not None
+    assert ledger.fail(effect.key, takeover.token, reason="not found", retention_s=0.2).ok
+    poll(lambda: ledger.get(effect.key), lambda r: r is None)  # the FAILED record expired
+    live = ledger.claim(effect, lease_s=30, holder="w/2")
+    assert live.acquired and live.token > takeover.token > stale
+    # The stale holder wakes up: its commit must not pass for the live holder's.
+    assert ledger.commit(effect.key, stale, {"id": "stale"}, retention_s=60).fenced
+    assert ledger.heartbeat(effect.key, stale, lease_s=30).fenced
+    assert ledger.commit(effect.key, live.token, RECEIPT, retention_s=60).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.receipt == RECEIPT and record.token == live.token
+
+
+def test_the_first_token_of_a_fresh_namespace_is_one(ledger: Ledger) -> None:
+    a, b = charge(), charge()
+    assert claimed(ledger, a) == 1
+    assert claimed(ledger, b) == 1
+
+
+# -- a late receipt on FAILED is evidence that blocks (issue 15, item 9) -------------------
+
+
+def test_a_late_receipt_on_a_failed_record_blocks_the_next_claim(ledger: Ledger) -> None:
+    effect = charge()
+    stale = claimed(ledger, effect, lease_s=0.05)
+    takeover = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
+    )
+    assert takeover is not None
+    assert ledger.fail(effect.key, takeover.token, reason="not found", retention_s=60).ok
+    late = {"id": "eff_late", "status": "charged"}
+    write = ledger.commit(effect.key, stale, late, retention_s=60)
+    assert write.fenced and (write.state, write.token) == ("UNKNOWN", takeover.token + 1)
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.UNKNOWN and record.ttl_ms is None
+    assert record.reason == "late receipt after FAILED"
+    assert [r["receipt"] for r in record.late_receipts] == [late]
+    assert effect.key in ledger.keys_in(State.UNKNOWN)
+    assert ledger.claim(effect, lease_s=30, holder="w/2").outcome is ClaimOutcome.BLOCKED
+    assert ledger.submit(effect, message_id="m", pending_s=60).status == "blocked"
+
+
+def test_resolve_not_executed_is_refused_by_the_ledger_against_late_receipts(
+    ledger: Ledger,
+) -> None:
+    effect = charge()
+    stale = claimed(ledger, effect, lease_s=0.05)
+    takeover = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
+    )
+    assert takeover is not None
+    assert ledger.commit(effect.key, stale, {"id": "late"}, retention_s=60).fenced
+    assert ledger.mark_unknown(effect.key, takeover.token, reason="lookup down").ok
+    with pytest.raises(TransitionRefusedError) as refused:
+        ledger.operate(effect.key, "resolve_failed", note="n", retention_s=60)
+    assert refused.value.details["evidence"] == 1 and refused.value.state == "UNKNOWN"
+    assert state(ledger, effect) is State.UNKNOWN
+    write = ledger.operate(
+        effect.key, "resolve_failed", note="n", retention_s=60, override_evidence=True
+    )
+    assert write.ok and write.state == "FAILED"
+
+
+# -- the request bound is enforced at submit too (issue 15, item 10) ----------------------
+
+
+def test_submit_refuses_an_oversized_request_before_writing_anything(ledger: Ledger) -> None:
+    from dedupe import ToolSpec, derive
+
+    ledger = Ledger(ledger.client, namespace=ledger.namespace, max_request_bytes=1024)
+    spec = ToolSpec(name="mail", identity=("to",), bound=("to",), free=("body",))
+    small = derive(spec, "evt-1", {"to": "a@example.com", "body": "hi"})
+    big = derive(spec, "evt-2", {"to": "b@example.com", "body": "x" * 2000})
+    with pytest.raises(RecordTooLargeError, match=r"request is \d+ bytes, over the 1024"):
+        ledger.submit(big, message_id="m-big", pending_s=60)
+    with pytest.raises(RecordTooLargeError):
+        ledger.submit_many([(small, "m-small"), (big, "m-big")], pending_s=60)
+    for effect in (small, big):
+        assert ledger.client.exists(ledger._keys(effect.key)[3]) == 0  # no pending marker
+    assert ledger.submit(small, message_id="m-small", pending_s=60).status == "enqueue"

@@ -98,7 +98,9 @@ def test_revoke_and_supersede_only_from_done(ops: Operator) -> None:
     assert ops.supersede(done, actor="sre", reason="new terms").state == "SUPERSEDED"
     with pytest.raises(TransitionRefusedError, match="SUPERSEDED; only a DONE effect"):
         ops.revoke(done, actor="sre", reason="again")
-    again = ops.ledger.claim(charge(ops.inspect(done).request["scope"]), lease_s=30, holder="w")  # type: ignore[index]
+    effect = charge(ops.inspect(done).request["scope"])  # type: ignore[index]
+    submitted = ops.ledger.submit(effect, message_id="m-1", pending_s=60)  # after the supersede
+    again = ops.ledger.claim(effect, lease_s=30, holder="w", generation=submitted.generation)
     assert again.outcome is ClaimOutcome.ACQUIRED and again.generation == 1
 
 
@@ -129,3 +131,63 @@ def test_actions_need_an_actor_and_a_reason(ops: Operator, actor: str, reason: s
 def test_inspect_of_a_missing_key_says_so(ops: Operator) -> None:
     with pytest.raises(OperatorError, match="no effect with key"):
         ops.inspect("0" * 64)
+
+
+def _failed_with_a_late_receipt(ledger: Ledger) -> str:
+    """The reconciler found nothing and marked it FAILED; then the paused holder woke up
+    and reported that the provider did charge."""
+    effect = charge()
+    claim = ledger.claim(effect, lease_s=0.05, holder="w/1")
+    takeover = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
+    )
+    assert takeover is not None
+    assert ledger.fail(effect.key, takeover.token, reason="not found", retention_s=60).ok
+    assert ledger.commit(effect.key, claim.token, {"id": "late"}, retention_s=60).fenced
+    return effect.key
+
+
+def test_a_late_receipt_on_a_failed_effect_refuses_replay(ops: Operator) -> None:
+    key = _failed_with_a_late_receipt(ops.ledger)
+    assert ops.inspect(key).state is State.UNKNOWN
+    assert key in {r.key for r in ops.list(state=State.UNKNOWN)}
+
+    def enqueue(record: object) -> str:
+        raise AssertionError("a replay against evidence of execution was enqueued")
+
+    with pytest.raises(TransitionRefusedError, match="replay refused: effect is UNKNOWN"):
+        ops.replay(key, actor="sre", reason="retry it", enqueue=enqueue)
+    with pytest.raises(TransitionRefusedError, match=r"1 late receipt.*--override-evidence"):
+        ops.resolve(key, executed=False, actor="sre", reason="looks unsent")
+    ops.resolve(key, executed=True, receipt={"id": "late"}, actor="sre", reason="bank: charged")
+    assert ops.inspect(key).state is State.DONE
+
+
+def test_a_late_receipt_landing_during_resolve_not_executed_is_not_overridden(
+    ops: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    effect = charge()
+    ledger = ops.ledger
+    claim = ledger.claim(effect, lease_s=0.05, holder="w/1")
+    takeover = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
+    )
+    assert takeover is not None
+    ledger.mark_unknown(effect.key, takeover.token, reason="lookup unavailable")
+    read = ledger.get
+
+    def read_then_late_receipt(key: str) -> object:
+        # The operator has read the record (no evidence yet); the paused holder's receipt
+        # lands before the operator's write.
+        record = read(key)
+        assert ledger.commit(key, claim.token, {"id": "late"}, retention_s=60).fenced
+        return record
+
+    monkeypatch.setattr(ledger, "get", read_then_late_receipt)
+    with pytest.raises(TransitionRefusedError, match=r"1 late receipt.*--override-evidence"):
+        ops.resolve(effect.key, executed=False, actor="sre", reason="looks unsent")
+    monkeypatch.undo()
+    record = ops.inspect(effect.key)
+    assert record.state is State.UNKNOWN and len(record.late_receipts) == 1
+    outcome = ops.ledger.audit_log()[0]["outcome"]
+    assert outcome.startswith("refused: ") and "1 late receipt" in outcome

@@ -1,0 +1,46 @@
+"""Generations end to end (issue 15, item 1): real worker processes, the real ledger and
+broker, the sandbox provider with its own idempotency off (``fenceless``), so the
+provider's execution count is the only witness. Only a submission or replay made after a
+revoke may run the effect again; a message queued before it is a duplicate."""
+
+from __future__ import annotations
+
+from dedupe import State, idempotency_key
+from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
+from workers import Envelope, get_tool, runtime, submit
+from workers.api import verbs
+from workers.local import LocalStack
+
+ARGS = {"customer": "cus_rv", "amount": "25.00", "currency": "usd"}
+
+
+def test_a_message_queued_before_a_revoke_is_never_executed_after_it(
+    fenceless: LocalStack,
+) -> None:
+    fenceless.start_workers(processes=1, threads=2)
+    handle = submit("charge", scope="order-revoked", **ARGS)
+    handle.wait(30)
+    ledger = runtime.ledger()
+    verbs.revoke(handle.key, actor="sre", reason="refunded")
+    # The message submitted before the revoke comes again: a redelivery after a worker died
+    # at after_commit, or the second copy of a campaign re-submitted while it was queued.
+    tool = get_tool("charge")
+    old = Envelope.of(tool.derive("order-revoked", ARGS)).model_dump()
+    assert old["key"] == handle.key and old.get("g", 0) == 0
+    tool.actor.send(old)
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="old message handled", timeout=60)
+    assert fenceless.stats()["executions"] == {handle.key: 1}
+    record = ledger.get(handle.key)
+    assert record is not None and record.state is State.REVOKED and record.generation == 0
+    assert [h.state for h in record.history] == ["CLAIMED", "DONE", "REVOKED"]
+    assert ledger.counts()[("dup_claim", "charge")] == 1
+
+    # A replay made after the revoke is a new submission: it runs once more, generation 1.
+    assert verbs.replay(handle.key, actor="sre", reason="charge again")["status"] == "enqueued"
+    [again] = wait_states(ledger, [handle.key], timeout=60).values()
+    assert again is not None and again.generation == 1
+    assert [h.state for h in again.history][-3:] == ["REVOKED", "CLAIMED", "DONE"]
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="replay acked", timeout=60)
+    stats = fenceless.stats()
+    assert stats["executions"] == {handle.key: 1, idempotency_key(handle.key, 1): 1}
+    assert stats["total"] == 2

@@ -1,0 +1,23 @@
+"""The envelope's ``g``: the generation a message was submitted for (issue 15, item 1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from workers import Envelope
+
+GOOD: dict[str, Any] = {"v": 1, "key": "a" * 64, "scope": "s", "action": "default", "args": {}}
+
+
+def test_a_message_without_a_generation_was_submitted_for_generation_zero() -> None:
+    assert Envelope.model_validate(GOOD).g == 0
+    assert Envelope.model_validate({**GOOD, "g": 3}).g == 3
+
+
+@pytest.mark.parametrize("g", [-1, "1", 1.0, True, None])
+def test_a_generation_is_a_non_negative_integer(g: object) -> None:
+    with pytest.raises(ValidationError):
+        Envelope.model_validate({**GOOD, "g": g})
