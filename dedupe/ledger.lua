@@ -135,7 +135,7 @@ end
 local function claim()
   local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
   local campaign = ARGV[8] ~= '' and ARGV[8] or nil
-  local generation = tonumber(ARGV[9])
+  local generation = tonumber(ARGV[9]) or 0
   local deadline = now + lease_ms
   if not rec then
     local token = floor() + 1

@@ -27,7 +27,7 @@ from dedupe import (
     LedgerUnavailableError,
     VolatileLedgerError,
 )
-from tests.support.ledgers import charge
+from tests.support.ledgers import charge, poll
 from tests.support.stack import wait_for
 from workers.redis_server import RedisServer, default_redis_binary
 
@@ -396,3 +396,29 @@ def test_a_full_redis_is_ledger_unavailable_never_bad_input(redis_server: RedisS
     finally:
         admin.config_set("maxmemory", 0)
     assert ledger.commit(held.key, claim.token, {"id": "x"}, retention_s=60).ok
+
+
+def test_a_redis_that_cannot_persist_is_ledger_unavailable(redis_server: RedisServer) -> None:
+    """MISCONF: an RDB snapshot failed (here its child is SIGKILLed) and the server stops
+    taking writes (stop-writes-on-bgsave-error). A claim then is "try later", not bad input."""
+    ledger = Ledger.from_url(redis_server.url, namespace=f"mis{uuid.uuid4().hex[:8]}")
+    held = charge()
+    claim = ledger.claim(held, lease_s=30, holder="w/1")
+    admin = redis_server.client(decode_responses=True)
+    admin.config_set("save", "3600 1")  # writes stop only while snapshots are configured
+    admin.config_set("rdb-key-save-delay", 1_000_000)  # the snapshot child stays alive
+    admin.bgsave()
+    children = Path(f"/proc/{redis_server.pid}/task/{redis_server.pid}/children")
+    [child] = poll(lambda: children.read_text().split(), bool, timeout=10)
+    os.kill(int(child), signal.SIGKILL)
+    poll(lambda: admin.info("persistence"), lambda i: i["rdb_bgsave_in_progress"] == 0)
+    assert admin.info("persistence")["rdb_last_bgsave_status"] == "err"
+    try:
+        with pytest.raises(LedgerUnavailableError, match="MISCONF"):
+            ledger.claim(charge(), lease_s=30, holder="w/2")
+        with pytest.raises(LedgerUnavailableError, match="MISCONF"):
+            ledger.commit(held.key, claim.token, {"id": "r"}, retention_s=60)
+    finally:
+        admin.config_set("rdb-key-save-delay", 0)
+        admin.config_set("save", "")
+    assert ledger.commit(held.key, claim.token, {"id": "r"}, retention_s=60).ok
