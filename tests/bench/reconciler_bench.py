@@ -330,7 +330,6 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
         t1 = time.perf_counter()
         pipe = client.pipeline(transaction=False)
         for effect in effects:
-            keys = ledger._keys(effect.key)
             request = compact(
                 {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
             )
@@ -343,16 +342,22 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
                 lease_ms,
                 "loader/1",
             ]
-            ledger._script(keys=keys, args=[*claim, request, ""], client=pipe)  # no campaign
-            receipt = compact({"id": f"eff_{effect.key[:12]}", "key": effect.key, "token": 1})
-            commit: list[str | int] = ["commit", effect.key, 1, receipt, "", retention_ms, "commit"]
-            ledger._script(keys=keys, args=commit, client=pipe)
-        replies = pipe.execute()
+            args = [*claim, request, "", 0]  # no campaign, generation 0
+            ledger._script(keys=ledger._keys(effect.key), args=args, client=pipe)
+        # A fresh record's first token is its bucket's floor + 1 (tokens outlive expired
+        # records): commit under the token each claim was granted.
+        claimed = pipe.execute()
+        for effect, reply in zip(effects, claimed, strict=True):
+            token = int(reply[1])
+            receipt = compact({"id": f"eff_{effect.key[:12]}", "key": effect.key, "token": token})
+            commit = ["commit", effect.key, token, receipt, "", retention_ms, "commit"]
+            ledger._script(keys=ledger._keys(effect.key), args=commit, client=pipe)
+        committed = pipe.execute()
         redis_s += time.perf_counter() - t1
         derive_s += t1 - t0
-        for claimed, committed in zip(replies[::2], replies[1::2], strict=True):
-            if list(claimed) != ["acquired", 1, 0] or list(committed) != ["ok", "DONE", 1]:
-                raise RuntimeError(f"bulk load: {claimed} / {committed}")
+        for one, done in zip(claimed, committed, strict=True):
+            if list(one)[::2] != ["acquired", 0] or list(done)[:2] != ["ok", "DONE"]:
+                raise RuntimeError(f"bulk load: {one} / {done}")
         if (lo // LOAD_BATCH) % 100 == 99:
             _progress(
                 f"  loaded {lo + LOAD_BATCH:,} of {n:,} ({time.perf_counter() - start:.0f} s)"
