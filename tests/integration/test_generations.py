@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dedupe import State, idempotency_key
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
-from workers import Envelope, get_tool, runtime, submit
+from workers import Envelope, get_tool, runtime, submit, submit_campaign
 from workers.api import verbs
 from workers.local import LocalStack
 
@@ -44,3 +44,24 @@ def test_a_message_queued_before_a_revoke_is_never_executed_after_it(
     stats = fenceless.stats()
     assert stats["executions"] == {handle.key: 1, idempotency_key(handle.key, 1): 1}
     assert stats["total"] == 2
+
+
+def test_a_campaign_resubmitted_after_a_revoke_sends_the_next_generation(
+    fenceless: LocalStack,
+) -> None:
+    fenceless.start_workers(processes=1, threads=2)
+    recipients = ["ana@example.com", "bo@example.com"]
+    args = {"subject": "hello", "body": "hi"}
+    assert submit_campaign("camp-rv", "send_email", recipients, args).sent == 2
+    ledger = runtime.ledger()
+    keys = [get_tool("send_email").derive("camp-rv", {"recipient": r}).key for r in recipients]
+    wait_states(ledger, keys, timeout=60)
+    verbs.revoke(keys[0], actor="sre", reason="sent to the wrong list")
+    # Submitted after the revoke: the fan-out's message carries generation 1 and runs.
+    report = submit_campaign("camp-rv", "send_email", recipients, args)
+    assert (report.sent, report.skipped) == (1, {"done": 1})
+    records = wait_states(ledger, keys, timeout=60)
+    assert [r.generation for r in records.values() if r is not None] == [1, 0]
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="fan-out acked", timeout=60)
+    stats = fenceless.stats()
+    assert stats["executions"] == {keys[0]: 1, idempotency_key(keys[0], 1): 1, keys[1]: 1}
