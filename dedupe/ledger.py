@@ -53,6 +53,13 @@ _TOPOLOGY = (
     redis.exceptions.ReadOnlyError,  # a demoted master
     redis.exceptions.RedisClusterException,  # no node for the slot in the client's map
 )
+# Ops sent once more after a failover error re-read the slot map: their repeat is harmless
+# even if the first try ran and only its reply was lost (heartbeat extends the lease again;
+# commit, fail and handover under the same token answer ok again; submit finds its own
+# marker). Not claim (a repeat answers in_flight against our own claim: the effect waits
+# for the lease and the reconciler), takeover (a repeat answers "lease live" and the token
+# is lost), unknown (a repeat counts as a fenced write), operate (a repeat is refused).
+_REPEATABLE = frozenset({"heartbeat", "commit", "fail", "handover"})
 # How long a batch of submits keeps re-sending through a failover (node timeout, election,
 # promotion: seconds on a healthy cluster).
 _FAILOVER_S = 30.0
@@ -306,7 +313,7 @@ class Ledger:
                 f"{_ENV_VOLATILE}=true if this ledger may be volatile."
             )
 
-    def _call(self, op: str, key: str, *args: Any) -> list[Any]:
+    def _call(self, op: str, key: str, *args: Any, repeat: bool = True) -> list[Any]:
         argv = [op, key, *args]
         try:
             if not self.wait_replicas:
@@ -329,6 +336,8 @@ class Ledger:
             raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
         except (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY) as exc:
             self._reread_slots()
+            if repeat and op in _REPEATABLE:  # once, on the fresh slot map
+                return self._call(op, key, *args, repeat=False)
             raise LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key) from None
         except redis.ResponseError as exc:
             raise LedgerError(f"ledger script error: {exc}", key=key) from None

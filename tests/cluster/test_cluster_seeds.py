@@ -217,3 +217,22 @@ def test_effectq_list_takes_the_seed_list_from_settings(cluster: LocalCluster) -
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert held.key in done.stdout
+
+
+@pytest.mark.parametrize("wait_replicas", [0, 1])
+def test_a_holder_idle_through_a_failover_heartbeats_and_commits_on_its_first_call(
+    cluster: LocalCluster, wait_replicas: int
+) -> None:
+    """Writes under the holder's token are safe to repeat (the same heartbeat, commit or
+    fail answers ok again), so they go again once after the slot map is re-read — also in
+    WAIT mode, whose node pipeline the cluster client does not retry."""
+    ledger = fresh_ledger(cluster.seeds(), wait_replicas=wait_replicas)
+    effects = spread(30)
+    victim = cluster.master_of(ledger._keys(effects[0].key)[0])
+    mine = [e for e in effects if cluster.master_of(ledger._keys(e.key)[0]) is victim][:2]
+    claims = [ledger.claim(e, lease_s=60, holder="w/1") for e in mine]
+    assert all(c.outcome is ClaimOutcome.ACQUIRED for c in claims)
+    cluster.fail_over(victim)
+    assert not ledger.heartbeat(mine[0].key, claims[0].token, lease_s=60).fenced
+    write = ledger.commit(mine[1].key, claims[1].token, {"id": "r"}, retention_s=60)
+    assert not write.fenced and write.state == "DONE"
