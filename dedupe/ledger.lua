@@ -316,7 +316,8 @@ end
 --   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
 --   CLAIMED with an expired lease, UNKNOWN        => blocked (awaiting reconciliation/operator)
 --   none | FAILED | REVOKED | SUPERSEDED: a live pending marker with another fingerprint
---                                   => conflict, with this one => pending, none => enqueue
+--                                   => conflict, with this one => pending (enqueue when
+--                                   it is this message id's own), none => enqueue
 local function submit()
   local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
   local force = ARGV[7] == '1'
@@ -340,7 +341,10 @@ local function submit()
     return answer('blocked')
   end
   local marker = redis.call('GET', KEYS[4])
-  if not marker or (force and string.sub(marker, 1, #fp) == fp) then
+  -- A repeat of this very submission (a retried call whose reply was lost) answers as the
+  -- first did: submit is safe to repeat per message id.
+  if not marker or marker == fp .. '|' .. message_id
+      or (force and string.sub(marker, 1, #fp) == fp) then
     redis.call('SET', KEYS[4], fp .. '|' .. message_id, 'PX', pending_ms)
     return answer('enqueue')
   end

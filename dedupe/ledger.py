@@ -18,12 +18,17 @@ import inspect
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode
 from redis.commands.core import Script
+from redis.connection import parse_url
+from redis.retry import Retry
 
 from .errors import (
     LedgerAuthError,
@@ -69,6 +74,16 @@ _CODE_OF: dict[type[Exception], str] = {
     redis.exceptions.NoScriptError: "NOSCRIPT",
 }
 _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
+# Ops sent once more after a failover error re-read the slot map: their repeat is harmless
+# even if the first try ran and only its reply was lost (heartbeat extends the lease again;
+# commit, fail and handover under the same token answer ok again; submit finds its own
+# marker). Not claim (a repeat answers in_flight against our own claim: the effect waits
+# for the lease and the reconciler), takeover (a repeat answers "lease live" and the token
+# is lost), unknown (a repeat counts as a fenced write), operate (a repeat is refused).
+_REPEATABLE = frozenset({"heartbeat", "commit", "fail", "handover"})
+# How long a batch of submits keeps re-sending through a failover (node timeout, election,
+# promotion: seconds on a healthy cluster).
+_FAILOVER_S = 30.0
 # Group membership on the server's clock: refresh one member, drop the silent, list the rest.
 _MEMBERS = """
 local t = redis.call('TIME')
@@ -109,6 +124,98 @@ def ledger_error(exc: Exception, *, key: str | None = None) -> LedgerError:
     if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.exceptions.AskError):
         return LedgerError(f"ledger Redis refused the call: {exc}", key=key)
     return LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key)
+
+
+def _url_options(url: str) -> dict[str, Any]:
+    """redis-py's reading of one URL (host, port, credentials, db, TLS options…)."""
+    options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+    return options
+
+
+def _seeds(url: str) -> list[str]:
+    """The comma-separated URLs of ``url``, checked to differ in host and port only (one
+    scheme, credentials, database and options: the cluster client takes them from one).
+    Errors name the position, never the URL (it may hold a password)."""
+    seeds = [part.strip() for part in url.split(",") if part.strip()]
+    if not seeds:
+        raise LedgerError("the ledger URL is empty")
+    shared = []
+    for n, seed in enumerate(seeds, start=1):
+        try:
+            options = _url_options(seed)
+        except ValueError:
+            raise LedgerError(
+                f"ledger URL {n} of {len(seeds)} is not a redis:// or rediss:// URL"
+            ) from None
+        options.pop("host", None)
+        options.pop("port", None)
+        shared.append(options)
+    if any(options != shared[0] for options in shared[1:]):
+        raise LedgerError(
+            "the ledger's seed URLs differ in more than host and port: list nodes of one "
+            "cluster with one scheme, credentials, database and options"
+        )
+    return seeds
+
+
+def _is_cluster(seeds: list[str], client_options: dict[str, Any]) -> bool:
+    """Ask the seeds in turn whether they are cluster nodes; the first answer decides."""
+    # One attempt and one reconnect per seed: the next seed is the retry.
+    probe_options = {**client_options, "retry": Retry(NoBackoff(), 1)}
+    errors: list[str] = []
+    for seed in seeds:
+        probe = redis.Redis.from_url(seed, decode_responses=True, **probe_options)
+        try:
+            return int(probe.info("cluster").get("cluster_enabled", 0)) == 1
+        except redis.AuthenticationError as exc:
+            raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
+        except redis.RedisError as exc:
+            errors.append(str(exc))
+        finally:
+            probe.close()
+    raise LedgerUnavailableError(
+        f"ledger Redis unreachable: no seed node of the ledger URL answered INFO cluster "
+        f"({len(seeds)} tried; last: {errors[-1]}), so it cannot tell a Redis Cluster "
+        "from a single Redis"
+    )
+
+
+def _cluster_client(seeds: list[str], client_options: dict[str, Any]) -> redis.RedisCluster:
+    """redis-py's cluster client bootstrapped from every seed (options from the first)."""
+    if int(_url_options(seeds[0]).get("db", 0)) != 0:
+        raise LedgerError("a Redis Cluster has only database 0: the ledger URL names another")
+    others = [_url_options(seed) for seed in seeds[1:]]
+    startup = [
+        ClusterNode(o.get("host", "localhost"), o.get("port", 6379))  # type: ignore[no-untyped-call]
+        for o in others
+    ]
+    try:
+        return redis.RedisCluster(
+            url=seeds[0], startup_nodes=startup, decode_responses=True, **client_options
+        )
+    except redis.AuthenticationError as exc:
+        raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise LedgerUnavailableError(f"no seed node of the ledger URL answered: {exc}") from None
+
+
+def _misdetected() -> LedgerUnavailableError:
+    return LedgerUnavailableError(
+        "the ledger Redis answered MOVED: it is a Redis Cluster node, but this ledger was "
+        "built with a plain client. List the cluster's nodes in the ledger URL (cluster "
+        "detection asks them) or pass cluster=True."
+    )
+
+
+class _LedgerScript(Script):
+    """ledger.lua on a plain client: a MOVED reply means the server is a cluster node and
+    the client was built for a single Redis (a misconfiguration, not bad input)."""
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        try:
+            return super().__call__(keys, args, client)
+        except redis.exceptions.MovedError:
+            raise _misdetected() from None
 
 
 class Ledger:
@@ -156,7 +263,9 @@ class Ledger:
         self.max_raw_bytes = max_raw_bytes
         # register_script evaluates by SHA and reloads on NOSCRIPT, so a Redis restart or
         # failover (which empties the script cache) costs one extra round trip, not an error.
-        self._script: Script = client.register_script(_SCRIPT)
+        self._script: Script = (
+            client.register_script(_SCRIPT) if self.cluster else _LedgerScript(client, _SCRIPT)
+        )
         self._members: Script = client.register_script(_MEMBERS)
         if allow_volatile is None:
             allow_volatile = _env_flag(_ENV_VOLATILE)
@@ -167,27 +276,32 @@ class Ledger:
     def from_url(cls, url: str, *, cluster: bool | None = None, **kwargs: Any) -> Ledger:
         """``redis://``, ``rediss://`` (TLS) and ``redis://user:password@…`` (ACL) URLs.
         Keyword arguments the Ledger does not take (``ssl_ca_certs``, ``ssl_certfile``,
-        timeouts…) go to redis-py's ``from_url``; TLS options may also sit in the URL.
-        ``cluster``: the URL names a node of a Redis Cluster; None asks the node
-        (``INFO cluster``), so one URL setting serves both deployments."""
+        timeouts…) go to redis-py's client; TLS options may also sit in the URL.
+
+        ``url`` may list several nodes of one Redis Cluster, comma-separated, that differ
+        only in host and port (``redis://a:7000,redis://b:7000``): any live one bootstraps
+        the client, so one dead node does not stop a process from starting.
+        ``cluster``: whether the URL names a cluster node; None asks the seeds in turn
+        (``INFO cluster``) and only an answer decides: a seed that errs is skipped, and
+        LedgerUnavailableError if none answers (never a guess: a plain client on a cluster
+        node would meet MOVED for most keys)."""
         own = set(inspect.signature(cls.__init__).parameters) - {"self", "client"}
         mine = {k: v for k, v in kwargs.items() if k in own}
         client_options = {k: v for k, v in kwargs.items() if k not in own}
         client_options.setdefault("socket_timeout", 5.0)
         client_options.setdefault("socket_connect_timeout", 5.0)
         client_options.setdefault("health_check_interval", 30)
-        client = redis.Redis.from_url(url, decode_responses=True, **client_options)
+        seeds = _seeds(url)
         if cluster is None:
-            try:
-                cluster = int(client.info("cluster").get("cluster_enabled", 0)) == 1
-            except redis.RedisError:
-                cluster = False  # unreachable or refused: the durability check reports it
+            cluster = _is_cluster(seeds, client_options)
         if cluster:
-            client.close()
-            return cls(
-                redis.RedisCluster.from_url(url, decode_responses=True, **client_options), **mine
+            return cls(_cluster_client(seeds, client_options), **mine)
+        if len(seeds) > 1:
+            raise LedgerError(
+                "the ledger URL lists several nodes, but a plain Redis takes one URL (several "
+                "are seed nodes of a Redis Cluster, and this one is not a Redis Cluster node)"
             )
-        return cls(client, **mine)
+        return cls(redis.Redis.from_url(seeds[0], decode_responses=True, **client_options), **mine)
 
     @property
     def cluster(self) -> bool:
@@ -266,25 +380,35 @@ class Ledger:
                 self._reread_slots()
             raise ledger_error(exc, key=key) from None
 
-    def _call(self, op: str, key: str, *args: Any) -> list[Any]:
+    def _call(self, op: str, key: str, *args: Any, repeat: bool = True) -> list[Any]:
         argv = [op, key, *args]
-        with self.guard(key, reread=True):
-            if not self.wait_replicas:
-                reply = self._script(keys=self._keys(key), args=argv)
-            else:
-                # WAIT counts the replicas that acknowledged *this connection's* writes: the
-                # script and WAIT share one pipeline to the key's master.
-                pipe = self._node_pipeline(key)
-                self._script(keys=self._keys(key), args=argv, client=pipe)
-                pipe.execute_command(  # type: ignore[no-untyped-call]
-                    "WAIT", self.wait_replicas, self.wait_timeout_ms
+        try:
+            with self.guard(key, reread=True):
+                return self._send(op, key, argv)
+        except LedgerUnavailableError as exc:
+            # Once more on the fresh slot map, where a repeat is harmless (_REPEATABLE).
+            failover = (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY)
+            if repeat and op in _REPEATABLE and isinstance(exc.__context__, failover):
+                return self._call(op, key, *args, repeat=False)
+            raise
+
+    def _send(self, op: str, key: str, argv: list[Any]) -> list[Any]:
+        if not self.wait_replicas:
+            reply = self._script(keys=self._keys(key), args=argv)
+        else:
+            # WAIT counts the replicas that acknowledged *this connection's* writes: the
+            # script and WAIT share one pipeline to the key's master.
+            pipe = self._node_pipeline(key)
+            self._script(keys=self._keys(key), args=argv, client=pipe)
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "WAIT", self.wait_replicas, self.wait_timeout_ms
+            )
+            reply, acked = pipe.execute()
+            if int(acked) < self.wait_replicas and op == "claim" and reply[0] == "acquired":
+                raise LedgerUnavailableError(
+                    f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
+                    key=key,
                 )
-                reply, acked = pipe.execute()
-                if int(acked) < self.wait_replicas and op == "claim" and reply[0] == "acquired":
-                    raise LedgerUnavailableError(
-                        f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
-                        key=key,
-                    )
         return list(reply)
 
     def _node_pipeline(self, key: str) -> redis.client.Pipeline:
@@ -303,36 +427,82 @@ class Ledger:
         """A master failed or a slot moved under a node pipeline, which the cluster client
         does not see: re-read the slot map so the next call finds the new master."""
         if isinstance(self.client, redis.RedisCluster):
-            with contextlib.suppress(redis.RedisError):
+            # No reachable node, or slots not covered yet mid-failover: keep the old map.
+            with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
                 self.client.nodes_manager.initialize()
 
     def _script_batch(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
-        """The script for each (effect key, argv), pipelined: one round trip per server."""
+        """The script for each (effect key, argv), pipelined: one round trip per server.
+
+        Only for calls that are safe to repeat (``submit``: a repeat of one message id
+        answers as the first did). On a cluster, the calls that met a failover — a master
+        that does not answer, CLUSTERDOWN while the cluster promotes its replica, a slot
+        that moved — go again after the slot map is re-read, backing off, for up to
+        ``_FAILOVER_S``: the node pipelines bypass the cluster client, which would do that
+        for a single call."""
         if not isinstance(self.client, redis.RedisCluster):
             pipe = self.client.pipeline(transaction=False)
             for key, argv in calls:
                 self._script(keys=self._keys(key), args=argv, client=pipe)
-            return list(pipe.execute())
-        groups: dict[int, tuple[redis.Redis, list[int]]] = {}
-        for i, (key, _) in enumerate(calls):
-            node = self._node_client(key)
-            groups.setdefault(id(node), (node, []))[1].append(i)
+            try:
+                return list(pipe.execute())
+            except redis.exceptions.MovedError:
+                raise _misdetected() from None
         replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        deadline = time.monotonic() + _FAILOVER_S
+        pause = 0.05
+        while True:
+            again, failure = self._script_round(calls, todo, replies)
+            if not again:
+                return replies
+            self._reread_slots()
+            if time.monotonic() + pause > deadline:
+                raise failure
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+            todo = again
+
+    def _script_round(
+        self, calls: list[tuple[str, list[Any]]], todo: list[int], replies: list[Any]
+    ) -> tuple[list[int], Exception]:
+        """One pipeline per master for the calls ``todo``; fills ``replies``. Returns the
+        calls to send again (their master failed or moved) and the last such error."""
+        groups: dict[int, tuple[redis.Redis, list[int]]] = {}
+        try:
+            for i in todo:
+                node = self._node_client(calls[i][0])
+                groups.setdefault(id(node), (node, []))[1].append(i)
+        except redis.exceptions.RedisClusterException as exc:
+            return todo, exc  # a slot without a master in the client's map
+        again: list[int] = []
+        failure: Exception = LedgerUnavailableError("no failure")
         for node, indexes in groups.values():
             pipe = node.pipeline(transaction=False)
             for i in indexes:
                 key, argv = calls[i]
                 self._script(keys=self._keys(key), args=argv, client=pipe)
-            for i, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
-                if isinstance(reply, redis.exceptions.AskError):
-                    # The slot moved since the client's map was read (failover, resharding):
-                    # the call did not run there; the cluster client follows the redirect.
+            try:
+                results = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                again.extend(indexes)  # which of them ran is unknown: all go again
+                failure = exc
+                continue
+            for i, reply in zip(indexes, results, strict=True):
+                if isinstance(reply, redis.exceptions.AskError) and not isinstance(
+                    reply, redis.exceptions.MovedError
+                ):
+                    # A slot being migrated: the cluster client follows the ASK redirect.
                     key, argv = calls[i]
                     reply = self._script(keys=self._keys(key), args=argv)
+                elif isinstance(reply, (*_TOPOLOGY, redis.ConnectionError, redis.TimeoutError)):
+                    again.append(i)
+                    failure = reply
+                    continue
                 elif isinstance(reply, Exception):
                     raise reply
                 replies[i] = reply
-        return replies
+        return again, failure
 
     def request_text(self, effect: Effect) -> str:
         """The request stored with a claim (an operator replays from it), bounded. Submit

@@ -13,7 +13,10 @@ __all__ = ["Settings", "settings"]
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EFFECTQ_", extra="ignore")
 
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="the ledger's Redis")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="the ledger's Redis (a Redis Cluster: its nodes' URLs, comma-separated)",
+    )
     broker_url: str = Field(default="redis://127.0.0.1:6379/1", description="redis://… or amqp://…")
     provider_url: str = Field(
         default="http://127.0.0.1:8765", description="base URL of the tools' API"

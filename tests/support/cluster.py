@@ -74,6 +74,12 @@ class LocalCluster:
         """A live node's URL: the cluster client finds the others from it."""
         return next(node for node in self.nodes if node.running).url
 
+    def seeds(self, *first: RedisServer) -> str:
+        """Every node's URL, comma-separated (``first`` leading): a seed list for
+        ``EFFECTQ_REDIS_URL``."""
+        nodes = [*first, *(n for n in self.nodes if n not in first)]
+        return ",".join(node.url for node in nodes)
+
     def start(self) -> LocalCluster:
         for node in self.nodes:
             node.start()
@@ -154,6 +160,20 @@ class LocalCluster:
                 if info["role"] == "slave" and int(info["master_port"]) == master.port:
                     return node
         raise LookupError(f"no live replica of {master!r}")
+
+    def fail_over(self, master: RedisServer) -> RedisServer:
+        """SIGKILL ``master``; return its replica once that serves the slots and every live
+        node sees the cluster ok."""
+        replica = self.replica_of(master)
+        master.kill()
+        _wait(lambda: replica in self.masters(), "the replica promoted")
+        self.wait_ok()
+        return replica
+
+    def rejoin(self, node: RedisServer) -> None:
+        """Restart a killed node (it comes back as a replica) and wait for a healthy cluster."""
+        node.start()
+        self.wait_ok()
 
     def stop(self) -> None:
         for node in self.nodes:
