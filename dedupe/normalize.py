@@ -230,7 +230,8 @@ def _money(value: Any) -> str:
         text = digits + "0" * exponent
     else:
         point = len(digits) + exponent
-        text = f"{digits[:point] or '0'}.{'0' * -point}{digits[max(point, 0) :]}"
+        whole = digits[:point] if point > 0 else "0"
+        text = f"{whole}.{'0' * max(-point, 0)}{digits[max(point, 0) :]}"
     return f"-{text}" if negative else text
 
 

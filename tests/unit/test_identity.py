@@ -329,3 +329,17 @@ def test_a_malformed_key_is_a_key_format_error_that_never_echoes_it(key: Any) ->
     assert isinstance(info.value, IdentityError)
     assert "bob@" not in str(info.value)
     assert check_key("ab" * 32) == "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("amount", "key"),
+    [("0.0101", "0.0101"), ("101e-4", "0.0101"), ("10.0101", "10.0101"), ("-0.50", "-0.5"),
+     ("1.5E+3", "1500"), ("-0.000", "0"), (Decimal("-0E-7"), "0"), ("+7", "7"), (".5", "0.5")],
+)  # fmt: skip
+def test_money_key_form_is_the_exact_plain_decimal(amount: Any, key: str) -> None:
+    assert (
+        derive(CHARGE, "s", {"customer": "c", "amount": amount, "currency": "usd"}).normalized[
+            "amount"
+        ]
+        == key
+    )
