@@ -132,3 +132,26 @@ def test_a_campaign_with_money_past_its_bounds_is_a_4xx(
     assert 400 <= response.status_code < 500, response.text
     _no_echo(response, "1e1000000")
     assert broker_messages(live)["live"] == 0
+
+
+@pytest.mark.parametrize("verb", ["inspect", "revoke", "supersede", "resolve", "replay"])
+def test_every_operator_verb_refuses_a_malformed_key_by_name_before_the_ledger(
+    live: LocalStack, verb: str
+) -> None:
+    # The routes check the path first; the verbs (CLI, console, API) check again, in the
+    # operator, so that no path reads a record under a key that is not one.
+    from dedupe import KeyFormatError
+    from workers.api import verbs
+    from workers.api.problems import problem_of
+
+    calls = {
+        "inspect": lambda k: verbs.operator().inspect(k),
+        "revoke": lambda k: verbs.revoke(k, actor="sre-ana", reason="refunded"),
+        "supersede": lambda k: verbs.supersede(k, actor="sre-ana", reason="replaced"),
+        "resolve": lambda k: verbs.resolve(k, executed=False, actor="sre-ana", reason="gone"),
+        "replay": lambda k: verbs.replay(k, actor="sre-ana", reason="again"),
+    }
+    with pytest.raises(KeyFormatError) as info:
+        calls[verb]("bob@example.com")
+    problem = problem_of(info.value)
+    assert problem.status == 422 and "bob@" not in problem.message
