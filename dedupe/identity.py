@@ -86,13 +86,26 @@ def _forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
     """(as submitted, key form) of one argument; see ``dedupe.normalize``."""
     fn = spec.normalizer(name)
     field = f"{spec.name}.{name}"
-    if isinstance(fn, FieldNormalizer):
-        submitted = fn.submitted(value)
-    else:
+    try:
+        if isinstance(fn, FieldNormalizer):
+            submitted = fn.submitted(value)
+            return submitted, fn.key(submitted)
         submitted = nfc_deep(value, field=field)
+    except IdentityError as exc:
+        # A built-in's message says what is wrong without the value: keep it, by field
+        # (``nfc_deep`` already names the field, or a path inside it).
+        message = exc.message if exc.message.startswith(field) else f"{field}: {exc.message}"
+        raise type(exc)(message, tool=spec.name, field=name) from None
+    if fn is None:
+        return submitted, submitted
     # The key form is computed from the submitted form, as a worker computes it from the
-    # envelope: both sides see the same input.
-    return submitted, submitted if fn is None else fn(submitted)
+    # envelope: both sides see the same input. A user's normalizer may say anything, the
+    # value included: only its error type is kept.
+    try:
+        return submitted, fn(submitted)
+    except IdentityError as exc:
+        reason = f"refused by the field's normalizer ({type(exc).__name__})"
+        raise type(exc)(f"{field}: {reason}", tool=spec.name, field=name) from None
 
 
 def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,17 +129,11 @@ def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any]
     submitted: dict[str, Any] = {}
     normalized: dict[str, Any] = {}
     for name, value in args.items():
-        builtin = isinstance(spec.normalizer(name), FieldNormalizer | None)
         try:
             submitted[name], normalized[name] = _forms(spec, name, value)
-        except IdentityError as exc:
-            # Name the field, never echo the value: it may be a recipient. A built-in's
-            # message is known to say what is wrong without the value; a user's is not.
-            reason = exc.message.removeprefix(f"{spec.name}.{name}: ")
-            if not builtin:
-                reason = f"refused by the field's normalizer ({type(exc).__name__})"
-            raise type(exc)(f"{spec.name}.{name}: {reason}", tool=spec.name, field=name) from None
-        except Exception as exc:  # any other failure is this field's input
+        except IdentityError:
+            raise
+        except Exception as exc:  # a decimal signal, a str(int) limit, a user's normalizer
             raise CanonicalizationError(
                 f"{spec.name}.{name}: the value has no canonical form ({type(exc).__name__})",
                 tool=spec.name,

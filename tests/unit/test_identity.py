@@ -343,3 +343,9 @@ def test_money_key_form_is_the_exact_plain_decimal(amount: Any, key: str) -> Non
         ]
         == key
     )
+
+
+def test_a_value_refused_before_a_users_normalizer_runs_says_why() -> None:
+    spec = ToolSpec(name="t", identity=("f",), normalizers={"f": lambda v: v})
+    with pytest.raises(CanonicalizationError, match=r"^t\.f\[0\]: NaN and Infinity"):
+        derive(spec, "s", {"f": [math.nan]})
