@@ -6,7 +6,8 @@
     ├── IdentityError             the arguments cannot name an effect
     │   ├── CanonicalizationError     a value has no canonical form (NaN, float money, bad key…)
     │   ├── MissingFieldError         an identity or bound field is absent
-    │   ├── ValueTooLargeError        a value is over its size bound
+    │   ├── ValueTooLargeError        a value is over its size bound (money's digits too)
+    │   ├── KeyFormatError            an effect key is not 64 lowercase hex digits
     │   └── SpecError                 a tool declaration contradicts itself
     ├── LedgerError               the ledger cannot answer or refused a write
     │   ├── LedgerUnavailableError    Redis did not answer: fail closed, execute nothing
@@ -21,7 +22,8 @@
         └── NotExecutedError          definitely not executed (refused before acting): retry
             └── RejectedError         not executed and never will be (4xx): dead-letter
 
-Errors carry the effect key and state, never a raw recipient.
+Errors carry the effect key and state, never a raw recipient. An IdentityError's message
+names the tool and field, never the value it refuses (nor a malformed key).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "ConflictError",
     "EffectqError",
     "IdentityError",
+    "KeyFormatError",
     "LedgerAuthError",
     "LedgerError",
     "LedgerUnavailableError",
@@ -77,6 +80,10 @@ class MissingFieldError(IdentityError):
 
 
 class ValueTooLargeError(IdentityError):
+    pass
+
+
+class KeyFormatError(IdentityError):
     pass
 
 

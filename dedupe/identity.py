@@ -6,6 +6,16 @@ fingerprint = SHA-256(JCS({tool, bound}))                      — a replay with
                                                                  values is a conflict
 idempotency = key at generation 0, else SHA-256(JCS({key, generation}))
 
+Normalization serves identity only: ``Effect.normalized`` holds the key forms the key and
+fingerprint are computed from; ``Effect.args`` holds the arguments as submitted (NFC,
+trimmed where the field's normalizer trims) — what the tool receives, the envelope carries
+and the ledger stores (``dedupe.normalize``). ``derive`` of an effect's ``args`` gives the
+same effect again, so a worker recomputes the key from the envelope.
+
+``derive`` raises an IdentityError or nothing: whatever a normalizer raises (a decimal
+signal, a ValueError, a user's callable failing) becomes a CanonicalizationError naming
+``tool.field``, and no message carries the value.
+
 The generation lives in the ledger record, not in the record's address: a producer must be
 able to find the record from the arguments alone, and only an operator (revoke, supersede)
 moves it. The provider sees a fresh idempotency key per generation, so a re-issued effect is
@@ -15,24 +25,36 @@ not swallowed by the provider's own deduplication of the voided one.
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import canonical_bytes
-from .errors import CanonicalizationError, EffectqError, MissingFieldError, SpecError
+from .canonical import canonical_bytes, nfc_deep
+from .errors import (
+    CanonicalizationError,
+    IdentityError,
+    KeyFormatError,
+    MissingFieldError,
+    SpecError,
+)
+from .normalize import FieldNormalizer
 from .spec import ToolSpec
 
-__all__ = ["MAX_SCOPE_CHARS", "Effect", "derive", "idempotency_key"]
+__all__ = ["MAX_SCOPE_CHARS", "Effect", "check_key", "derive", "idempotency_key"]
 
 MAX_SCOPE_CHARS = 256
 _VERSION = 1
+_KEY = re.compile(r"[0-9a-f]{64}")
+# Argument names enter a message only when they look like names: a name is data too.
+_ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z_]{0,31}")
 
 
 @dataclass(frozen=True)
 class Effect:
-    """One logical effect, derived before execution. ``args`` are the normalized arguments."""
+    """One logical effect, derived before execution. ``args`` are the arguments as submitted
+    (what the tool receives), ``normalized`` their key forms (what key and fingerprint hash)."""
 
     tool: str
     action: str
@@ -40,16 +62,62 @@ class Effect:
     key: str
     fingerprint: str
     args: Mapping[str, Any]
+    normalized: Mapping[str, Any]
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
+def check_key(key: object) -> str:
+    """``key`` if it is an effect key (64 lowercase hex digits), else KeyFormatError."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise KeyFormatError("not an effect key: an effect key is 64 lowercase hex digits")
+    return key
+
+
+def _names(names: list[str]) -> str:
+    shown = [n for n in names if _ARG_NAME.fullmatch(n)]
+    hidden = len(names) - len(shown)
+    return ", ".join([*map(repr, shown), *([f"{hidden} unnamed"] if hidden else [])])
+
+
+def _forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
+    """(as submitted, key form) of one argument; see ``dedupe.normalize``."""
+    fn = spec.normalizer(name)
+    field = f"{spec.name}.{name}"
+    try:
+        if isinstance(fn, FieldNormalizer):
+            submitted = fn.submitted(value)
+            return submitted, fn.key(submitted)
+        submitted = nfc_deep(value, field=field)
+    except IdentityError as exc:
+        # A built-in's message says what is wrong without the value: keep it, by field
+        # (``nfc_deep`` already names the field, or a path inside it).
+        message = exc.message if exc.message.startswith(field) else f"{field}: {exc.message}"
+        raise type(exc)(message, tool=spec.name, field=name) from None
+    if fn is None:
+        return submitted, submitted
+    # The key form is computed from the submitted form, as a worker computes it from the
+    # envelope: both sides see the same input. A user's normalizer may say anything, the
+    # value included: only its error type is kept.
+    try:
+        return submitted, fn(submitted)
+    except IdentityError as exc:
+        reason = f"refused by the field's normalizer ({type(exc).__name__})"
+        raise type(exc)(f"{field}: {reason}", tool=spec.name, field=name) from None
+
+
+def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not isinstance(args, Mapping):
+        raise CanonicalizationError(f"{spec.name}: arguments must be an object", tool=spec.name)
+    if not all(isinstance(name, str) for name in args):
+        raise CanonicalizationError(f"{spec.name}: argument names must be strings", tool=spec.name)
     if undeclared := sorted(set(args) - spec.fields):
         raise MissingFieldError(
-            f"{spec.name}: undeclared arguments {undeclared}", tool=spec.name, fields=undeclared
+            f"{spec.name}: undeclared arguments {_names(undeclared)}",
+            tool=spec.name,
+            fields=[n for n in undeclared if _ARG_NAME.fullmatch(n)],
         )
     required = (*spec.identity, *spec.bound)
     if missing := sorted({f for f in required if f not in args or args[f] is None}):
@@ -58,28 +126,32 @@ def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
             tool=spec.name,
             fields=missing,
         )
-    out: dict[str, Any] = {}
+    submitted: dict[str, Any] = {}
+    normalized: dict[str, Any] = {}
     for name, value in args.items():
-        fn = spec.normalizer(name)
         try:
-            out[name] = fn(value) if fn is not None else value
-        except EffectqError as exc:
-            # Name the field, never echo the value: it may be a recipient.
-            raise type(exc)(
-                f"{spec.name}.{name}: {exc.message}", tool=spec.name, field=name
+            submitted[name], normalized[name] = _forms(spec, name, value)
+        except IdentityError:
+            raise
+        except Exception as exc:  # a decimal signal, a str(int) limit, a user's normalizer
+            raise CanonicalizationError(
+                f"{spec.name}.{name}: the value has no canonical form ({type(exc).__name__})",
+                tool=spec.name,
+                field=name,
             ) from None
-    return out
+    return submitted, normalized
 
 
 def derive(
     spec: ToolSpec, scope: str, args: Mapping[str, Any], *, action: str | None = None
 ) -> Effect:
     """Derive the effect of calling ``spec`` for ``scope`` with ``args`` (and one of the
-    tool's declared actions; its default when None)."""
+    tool's declared actions; its default when None). Raises an IdentityError, no other."""
     action = spec.action if action is None else action
-    if action not in spec.actions:
+    if not isinstance(action, str) or action not in spec.actions:
+        shown = repr(action) if isinstance(action, str) and len(action) <= 64 else "given"
         raise SpecError(
-            f"{spec.name}: action {action!r} is not declared (declared: {list(spec.actions)})",
+            f"{spec.name}: action {shown} is not declared (declared: {list(spec.actions)})",
             tool=spec.name,
         )
     if not isinstance(scope, str) or not scope.strip():
@@ -89,7 +161,7 @@ def derive(
             f"{spec.name}: scope longer than {MAX_SCOPE_CHARS} characters", tool=spec.name
         )
     scope = unicodedata.normalize("NFC", scope.strip())
-    norm = _normalized(spec, args)
+    args, norm = _normalized(spec, args)
     identity: dict[str, Any] = {
         "v": _VERSION,
         "tool": spec.name,
@@ -101,8 +173,8 @@ def derive(
     bound = {"tool": spec.name, "bound": {f: norm[f] for f in spec.bound}}
     fingerprint = _sha256(canonical_bytes(bound, field=f"{spec.name}.bound"))
     # Free content must still be JSON: it travels in the message and the stored request.
-    canonical_bytes({f: norm[f] for f in spec.free if f in norm}, field=f"{spec.name}.free")
-    return Effect(spec.name, action, scope, key, fingerprint, norm)
+    canonical_bytes({f: args[f] for f in spec.free if f in args}, field=f"{spec.name}.free")
+    return Effect(spec.name, action, scope, key, fingerprint, args, norm)
 
 
 def idempotency_key(key: str, generation: int) -> str:

@@ -1,26 +1,76 @@
-"""Per-field normalizers: the resolved form of a value before it enters a key or fingerprint.
+"""Per-field normalizers: the key form of a value, and the form the tool receives.
 
 A tool names them in its spec (``{"recipient": "email", "amount": "money"}``), so the spec
 stays plain data the reconciler can read. A callable is accepted too, for custom resolution.
+
+Normalization serves identity only. Each built-in normalizer has two faces:
+
+* ``submitted`` — what the tool body receives, the envelope carries and the ledger stores:
+  the value as submitted, in NFC, strings trimmed (nothing else is rewritten: the mail goes
+  to ``Straße@example.de``, never to ``strasse@example.de``);
+* ``key`` — the resolved form that enters the key and the fingerprint, so that spellings of
+  one target merge and changed values conflict.
+
+``key(submitted(v)) == key(v)`` and ``submitted(submitted(v)) == submitted(v)``: a worker
+derives again from the envelope's arguments and finds the same key and the same arguments.
+Every refusal is an IdentityError whose message says what is wrong, never the value.
+
+Money is exact: parsed as a decimal string with integer arithmetic, never rounded, within
+``MONEY_MAX_DIGITS`` significant digits, below ``10**MONEY_MAX_EXPONENT`` in magnitude and
+with no digit below ``10**-MONEY_MAX_EXPONENT`` (anything outside is a ValueTooLargeError).
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Callable, Mapping
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
-from .errors import CanonicalizationError, SpecError
+from .errors import CanonicalizationError, SpecError, ValueTooLargeError
 
-__all__ = ["NORMALIZERS", "Normalizer", "resolve_normalizer"]
+__all__ = [
+    "EMAIL_MAX_CHARS",
+    "JSON_SAFE_INT",
+    "MONEY_MAX_CHARS",
+    "MONEY_MAX_DIGITS",
+    "MONEY_MAX_EXPONENT",
+    "NORMALIZERS",
+    "FieldNormalizer",
+    "Normalizer",
+    "resolve_normalizer",
+]
 
 Normalizer = Callable[[Any], Any]
+
+MONEY_MAX_DIGITS = 64
+MONEY_MAX_EXPONENT = 64
+MONEY_MAX_CHARS = 256
+EMAIL_MAX_CHARS = 254
+JSON_SAFE_INT = 2**53 - 1  # I-JSON: integers beyond this have no exact JSON number
+
+
+@dataclass(frozen=True)
+class FieldNormalizer:
+    """A built-in normalizer: the key form and the form the tool receives (see above)."""
+
+    name: str
+    key: Normalizer
+    submitted: Normalizer
+
+    def __call__(self, value: Any) -> Any:
+        return self.key(value)
 
 
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise CanonicalizationError(f"expected a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CanonicalizationError("not valid Unicode text") from None
     return unicodedata.normalize("NFC", value)
 
 
@@ -28,57 +78,174 @@ def _strip(value: Any) -> str:
     return _text(value).strip()
 
 
+def _caseless(text: str) -> str:
+    # Unicode canonical caseless matching (D145): casefold between canonical decompositions,
+    # recomposed so that the key form is NFC like every other string.
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", text).casefold())
+
+
 def _casefold(value: Any) -> str:
-    return _strip(value).casefold()
+    return _caseless(_strip(value))
 
 
 def _upper(value: Any) -> str:
-    return _strip(value).upper()
+    return unicodedata.normalize("NFC", _strip(value).upper())
 
 
-def _email(value: Any) -> str:
-    # Casefolding the whole address is a deliberate over-merge: two local parts differing in
-    # case are almost always one mailbox, and a missed duplicate costs more than a merge.
-    address = _casefold(value)
-    local, at, domain = address.rpartition("@")
-    if not at or not local or not domain or "." not in domain or any(c.isspace() for c in address):
-        raise CanonicalizationError("not an email address")
+# RFC 5322 dot-atom text, plus non-ASCII letters, marks and digits (RFC 6531); never a
+# quote, bracket, space, separator, control or format character, nor non-ASCII punctuation
+# (a fullwidth at sign or less-than sign is a look-alike, not a mailbox name).
+_ATEXT = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+/=?^_`{|}~-"
+)
+
+
+def _letter(char: str) -> bool:
+    return ord(char) > 127 and unicodedata.category(char)[0] in "LMN"
+
+
+def _label(label: str) -> bool:
+    """A host name label: 1-63 letters, digits or inner hyphens (IDN letters allowed)."""
+    if not 0 < len(label) <= 63 or label[0] == "-" or label[-1] == "-":
+        return False
+    return all((c.isascii() and (c.isalnum() or c == "-")) or _letter(c) for c in label)
+
+
+def _address(value: Any) -> str:
+    address = _strip(value)
+    if len(address) > EMAIL_MAX_CHARS:
+        raise CanonicalizationError(f"not an email address (over {EMAIL_MAX_CHARS} characters)")
+    local, at, domain = address.partition("@")
+    if not at:
+        raise CanonicalizationError("not an email address (no @)")
+    if not local or not domain:
+        raise CanonicalizationError("not an email address (empty local part or domain)")
+    if "@" in domain:
+        raise CanonicalizationError("not an email address (more than one @)")
+    if len(local) > 64 or any(not atom for atom in local.split(".")):
+        raise CanonicalizationError("not an email address (malformed local part)")
+    if any(c not in _ATEXT and c != "." and not _letter(c) for c in local):
+        raise CanonicalizationError(
+            "not an email address (a character a mailbox name cannot hold: quotes, brackets, "
+            "spaces, separators and control characters are refused)"
+        )
+    labels = domain.split(".")
+    if len(labels) < 2 or not all(_label(label) for label in labels):
+        raise CanonicalizationError(
+            "not an email address (the domain must be dot-separated host names)"
+        )
+    if labels[-1].isdigit():
+        raise CanonicalizationError("not an email address (an IP address is not a domain)")
     return address
 
 
-def _identifier(value: Any) -> str:
+def _email(value: Any) -> str:
+    # Casefolding the whole address is a deliberate over-merge for the key only: two local
+    # parts differing in case are almost always one mailbox, and a missed duplicate costs
+    # more than a merge. The tool still receives the address as written.
+    return _caseless(_address(value))
+
+
+def _id_submitted(value: Any) -> str | int:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise CanonicalizationError(f"expected an id string or integer, got {type(value).__name__}")
-    out = _strip(str(value))
+    if isinstance(value, int):
+        if abs(value) > JSON_SAFE_INT:
+            raise ValueTooLargeError("an integer id must be within ±(2**53 - 1): pass a string")
+        return value
+    out = _strip(value)
     if not out:
         raise CanonicalizationError("empty identifier")
     return out
 
 
-def _money(value: Any) -> str:
-    """Decimal amount as a plain string: "10.50", "10.5" and 10 → "10.5", "10.5", "10"."""
+def _identifier(value: Any) -> str:
+    return str(_id_submitted(value))
+
+
+_DECIMAL = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?", re.ASCII)
+
+
+def _money_submitted(value: Any) -> str | int:
+    """The amount as submitted: a string trimmed, an integer as is, a Decimal as its exact
+    string (JSON has no Decimal); checked against the bounds."""
     if isinstance(value, float):
         raise CanonicalizationError("money must be a decimal string or integer, never a float")
     if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
         raise CanonicalizationError(f"money must be a decimal string, got {type(value).__name__}")
-    try:
-        amount = Decimal(value.strip() if isinstance(value, str) else value)
-    except InvalidOperation:
-        raise CanonicalizationError("not a decimal amount") from None
-    if not amount.is_finite():
-        raise CanonicalizationError("money must be finite")
-    text = format(amount.normalize(), "f")
-    return "0" if text in ("-0", "0") else text
+    out: str | int
+    if isinstance(value, str):
+        if len(value) > MONEY_MAX_CHARS:
+            raise ValueTooLargeError(f"money is over {MONEY_MAX_CHARS} characters")
+        out = _strip(value)
+    elif isinstance(value, Decimal):
+        _money_parts(value)  # bounded before str(): a huge exponent is refused, not printed
+        out = str(value)
+    else:
+        out = value
+    _money_parts(out)
+    return out
 
 
-NORMALIZERS: Mapping[str, Normalizer] = {
-    "text": _text,
-    "strip": _strip,
-    "casefold": _casefold,
-    "upper": _upper,
-    "email": _email,
-    "id": _identifier,
-    "money": _money,
+def _money_parts(value: str | int | Decimal) -> tuple[bool, str, int]:
+    """(negative, significant digits without leading/trailing zeros, exponent): exact."""
+    if isinstance(value, int):
+        if abs(value) >= 10**MONEY_MAX_EXPONENT:
+            raise ValueTooLargeError(f"money is not below 10**{MONEY_MAX_EXPONENT}")
+        negative, digits, exponent = value < 0, str(abs(value)), 0
+    elif isinstance(value, Decimal):
+        sign, tup, exp = value.as_tuple()
+        if not isinstance(exp, int):
+            raise CanonicalizationError("money must be finite")
+        if len(tup) > MONEY_MAX_CHARS:
+            raise ValueTooLargeError(f"money has over {MONEY_MAX_CHARS} digits")
+        negative, digits, exponent = bool(sign), "".join(map(str, tup)), exp
+    else:
+        match = _DECIMAL.fullmatch(value)
+        if match is None or not (match[2] or match[3]):
+            raise CanonicalizationError("not a decimal amount (ASCII digits, one point)")
+        whole, frac = match[2], match[3] or ""
+        negative, digits = match[1] == "-", whole + frac
+        exponent = int(match[4] or 0) - len(frac)  # bounded: the string is
+    stripped = digits.lstrip("0")
+    if not stripped:
+        return False, "", 0
+    significant = stripped.rstrip("0")
+    exponent += len(stripped) - len(significant)
+    if len(significant) > MONEY_MAX_DIGITS:
+        raise ValueTooLargeError(f"money has over {MONEY_MAX_DIGITS} significant digits")
+    if exponent + len(significant) > MONEY_MAX_EXPONENT:
+        raise ValueTooLargeError(f"money is not below 10**{MONEY_MAX_EXPONENT}")
+    if exponent < -MONEY_MAX_EXPONENT:
+        raise ValueTooLargeError(f"money has a digit below 10**-{MONEY_MAX_EXPONENT}")
+    return negative, significant, exponent
+
+
+def _money(value: Any) -> str:
+    """The exact plain decimal string: "10.50", "10.5", "1.05E+1" → "10.5"; 10 → "10"."""
+    negative, digits, exponent = _money_parts(_money_submitted(value))
+    if not digits:
+        return "0"
+    if exponent >= 0:
+        text = digits + "0" * exponent
+    else:
+        point = len(digits) + exponent
+        whole = digits[:point] if point > 0 else "0"
+        text = f"{whole}.{'0' * max(-point, 0)}{digits[max(point, 0) :]}"
+    return f"-{text}" if negative else text
+
+
+NORMALIZERS: Mapping[str, FieldNormalizer] = {
+    n.name: n
+    for n in (
+        FieldNormalizer("text", _text, _text),
+        FieldNormalizer("strip", _strip, _strip),
+        FieldNormalizer("casefold", _casefold, _strip),
+        FieldNormalizer("upper", _upper, _strip),
+        FieldNormalizer("email", _email, _address),
+        FieldNormalizer("id", _identifier, _id_submitted),
+        FieldNormalizer("money", _money, _money_submitted),
+    )
 }
 
 
@@ -87,6 +254,6 @@ def resolve_normalizer(name_or_fn: str | Normalizer) -> Normalizer:
         return name_or_fn
     try:
         return NORMALIZERS[name_or_fn]
-    except KeyError:
+    except (KeyError, TypeError):
         known = ", ".join(sorted(NORMALIZERS))
         raise SpecError(f"unknown normalizer {name_or_fn!r} (known: {known})") from None

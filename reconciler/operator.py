@@ -20,6 +20,7 @@ from dedupe import (
     TransitionRefusedError,
     Write,
 )
+from dedupe.identity import check_key
 
 __all__ = ["Operator"]
 
@@ -36,7 +37,8 @@ class Operator:
     # -- reads ------------------------------------------------------------------------
 
     def inspect(self, key: str) -> EffectRecord:
-        record = self.ledger.get(key)
+        # Every action reads the record first: a malformed key is refused here, by name.
+        record = self.ledger.get(check_key(key))
         if record is None:
             raise OperatorError(f"no effect with key {key}", key=key)
         return record

@@ -120,7 +120,7 @@ def submit_campaign(
             continue
         if effect.key in effects:
             report.collapsed += 1
-        effects[effect.key] = effect
+        effects.setdefault(effect.key, effect)  # the first spelling is the one mailed
     if not effects:
         raise MessageError(f"campaign {campaign_id!r}: no valid recipient")
     report.recipients = len(effects)
@@ -128,7 +128,7 @@ def submit_campaign(
     full = target.derive(campaign_id, {**sample.args, **template}, action).args
     content = {k: full[k] for k in template}
     effects = {k: replace(e, args={**e.args, **content}) for k, e in effects.items()}
-    bound = {f: sample.args[f] for f in target.spec.bound if f != recipient}
+    bound = {f: sample.normalized[f] for f in target.spec.bound if f != recipient}
     plan = CampaignPlan(
         campaign_id=campaign_id,
         tool=target.name,
@@ -142,7 +142,7 @@ def submit_campaign(
     approved = store.meta(campaign_id)
     if approved is not None:
         plan = _check_against(approved, plan, plan_version, store, set(effects), report)
-    store.freeze(plan, {key: str(e.args[recipient]) for key, e in effects.items()})
+    store.freeze(plan, {key: str(e.normalized[recipient]) for key, e in effects.items()})
     report.plan_version = plan.version
     _fan_out(target, campaign_id, plan.version, list(effects.values()), store, report, progress)
     return report

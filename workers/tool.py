@@ -381,8 +381,9 @@ def effect_tool(
     queue_name: str | None = None,
     **actor_options: Any,
 ) -> Callable[[ToolFn], EffectTool]:
-    """Declare a side-effecting tool. The body is called as ``fn(call, **normalized_args)``
-    and returns the receipt (a dict) or a ``ToolResult``."""
+    """Declare a side-effecting tool. The body is called as ``fn(call, **args)`` with the
+    arguments as submitted (NFC, trimmed; normalizers shape only the key, see
+    ``dedupe.normalize``) and returns the receipt (a dict) or a ``ToolResult``."""
 
     def wrap(f: ToolFn) -> EffectTool:
         spec = ToolSpec(

@@ -68,7 +68,7 @@ def test_submit_duplicate_conflict_and_wait_for_the_receipt(
     assert waited.status_code == 200, waited.text
     body = waited.json()
     assert (body["key"], body["status"], body["state"]) == (key, "done", "DONE")
-    assert body["receipt"]["key"] == key and body["receipt"]["body"]["to"] == "ana@example.com"
+    assert body["receipt"]["key"] == key and body["receipt"]["body"]["to"] == "Ana@Example.com"
     again = client.post("/v1/tool-calls", json=reworded)
     assert again.status_code == 200
     assert again.json() == {"key": key, "status": "done", "tool": "send_email", "state": "DONE",
@@ -76,7 +76,7 @@ def test_submit_duplicate_conflict_and_wait_for_the_receipt(
     wait_for(lambda: broker_messages(live) == DRAINED, what="drained")
     charged = poll_json(client, f"/v1/effects/{conflict.json()['key']}",
                         lambda d: d.get("state") == "DONE")  # fmt: skip
-    assert charged["request"]["args"]["amount"] == "10.5"  # the first one won (normalized)
+    assert charged["request"]["args"]["amount"] == "10.50"  # the first one won, as submitted
     assert client.post("/v1/tool-calls", json=_charge("11.00")).json()["state"] == "DONE"
     assert live.stats()["executions"] == {key: 1, charged["key"]: 1}
     # The effect document is `effectq inspect --json`, field for field (the record's

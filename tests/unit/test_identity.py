@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from dedupe import (
     CanonicalizationError,
+    IdentityError,
     MissingFieldError,
     SpecError,
     ToolSpec,
@@ -193,3 +195,157 @@ def test_any_value_canonicalizes_or_raises_the_specific_error(value: Any) -> Non
         return
     assert isinstance(out, bytes)
     out.decode("utf-8")
+
+
+# -- exactness, values as submitted, errors that never echo (issue 15) --------------------
+
+LONG = "12345678901.123456789012345678"  # 29 significant digits: past the default context
+
+
+def test_money_is_exact_past_28_significant_digits_and_the_last_digit_is_a_conflict() -> None:
+    a = derive(CHARGE, "s", {"customer": "c", "amount": LONG, "currency": "usd"})
+    b = derive(CHARGE, "s", {"customer": "c", "amount": LONG[:-1] + "9", "currency": "usd"})
+    assert a.args["amount"] == LONG and a.normalized["amount"] == LONG
+    assert a.key == b.key and a.fingerprint != b.fingerprint
+
+
+@pytest.mark.parametrize(
+    "amount",
+    ["1e1000000", "1e-1000000", "-1E+999999999999", "9" * 65, 10**70, "1" + "0" * 5000,
+     Decimal("1e999999999"), "1e" + "9" * 300, "0." + "0" * 70 + "1"],
+)  # fmt: skip
+def test_money_outside_its_bounds_is_a_value_error_never_an_overflow(amount: Any) -> None:
+    with pytest.raises(ValueTooLargeError, match=r"^charge\.amount: ") as info:
+        derive(CHARGE, "s", {"customer": "c", "amount": amount, "currency": "usd"})
+    assert str(amount)[:12] not in str(info.value)
+
+
+def test_the_tool_receives_the_address_as_submitted_and_the_key_merges_its_spellings() -> None:
+    sent = derive(EMAIL, "s", {"recipient": " Stra\u00dfe@example.de\n"})
+    assert sent.args["recipient"] == "Stra\u00dfe@example.de"
+    nfd = unicodedata.normalize("NFD", "STRASSE@Example.DE")
+    assert derive(EMAIL, "s", {"recipient": nfd}).key == sent.key
+    assert derive(EMAIL, "s", {"recipient": "strasse@example.de"}).key == sent.key
+
+
+@pytest.mark.parametrize(
+    ("normalizer", "submitted", "received"),
+    [("email", " Bob@Example.COM ", "Bob@Example.COM"), ("casefold", " Ab ", "Ab"),
+     ("upper", " usd ", "usd"), ("id", " Cus_7 ", "Cus_7"), ("id", 42, 42),
+     ("money", " 10.50 ", "10.50"), ("money", 10, 10), ("money", Decimal("1E+3"), "1E+3"),
+     ("strip", " x ", "x"), ("text", " x ", " x "),
+     ("text", unicodedata.normalize("NFD", "\u00e9"), "\u00e9")],
+)  # fmt: skip
+def test_every_normalizer_hands_the_tool_the_value_as_submitted(
+    normalizer: str, submitted: Any, received: Any
+) -> None:
+    spec = ToolSpec(name="t", identity=("f",), bound=("f",), normalizers={"f": normalizer})
+    effect = derive(spec, "s", {"f": submitted})
+    assert effect.args["f"] == received and type(effect.args["f"]) is type(received)
+    # A worker derives again from the envelope's arguments: same key, same arguments.
+    again = derive(spec, "s", dict(effect.args))
+    assert (again.key, again.fingerprint, again.args) == (
+        effect.key,
+        effect.fingerprint,
+        effect.args,
+    )
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["a@@x.com", "<a@x.com>", "Bob <a@x.com>", "a@x.com>", "a b@x.com", "a@x .com", "@x.com",
+     "a@", "a@x.com,b@y.com", "a@x.com;b@y.com", "a@x.com\r\nBcc: c@y.com", "a\x00@x.com",
+     "a@x..com", ".a@x.com", "a.@x.com", "a..b@x.com", '"a b"@x.com', "a@[127.0.0.1]",
+     "a@-x.com", "a@x-.com", "a@x", "a@x.c\u200bom", "a\u202e@x.com", "a(c)@x.com",
+     "a@x.com.", "a" * 65 + "@x.com", "a@" + "x" * 64 + ".com", "mailto:a@x.com"],
+)  # fmt: skip
+def test_addresses_that_are_not_addresses_are_refused(address: str) -> None:
+    with pytest.raises(CanonicalizationError, match=r"^send_email\.recipient: ") as info:
+        derive(EMAIL, "s", {"recipient": address})
+    assert address.strip() not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "Stra\u00dfe@example.de",
+        "o'brien+tag@mail.example.co.uk",
+        "\u7528\u6237@\u4f8b\u5b50.\u5e7f\u544a",
+        "x@xn--bcher-kva.example",
+    ],
+)
+def test_real_addresses_are_accepted(address: str) -> None:
+    assert derive(EMAIL, "s", {"recipient": address}).args["recipient"] == address
+
+
+def _raises(exc: BaseException) -> Any:
+    def normalizer(value: Any) -> Any:
+        raise exc
+
+    return normalizer
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ZeroDivisionError(), ValueError("4111111111111111"), KeyError("4111111111111111"),
+     RecursionError(), InvalidOperation(), CanonicalizationError("4111111111111111")],
+)  # fmt: skip
+def test_a_normalizer_raising_anything_is_an_identity_error_naming_only_the_field(
+    exc: BaseException,
+) -> None:
+    spec = ToolSpec(name="t", identity=("card",), normalizers={"card": _raises(exc)})
+    with pytest.raises(CanonicalizationError, match=r"^t\.card: ") as info:
+        derive(spec, "s", {"card": "4111111111111111"})
+    assert "4111111111111111" not in str(info.value) + repr(info.value.details)
+
+
+@pytest.mark.parametrize(
+    ("spec", "args"),
+    [(CHARGE, {"customer": 10**5000, "amount": "1", "currency": "usd"}),
+     (CHARGE, {"customer": 4111111111111111111, "amount": "1", "currency": "usd"}),
+     (ToolSpec(name="t", identity=("v",)), {"v": 4111111111111111111}),
+     (ToolSpec(name="t", identity=("v",)), {"v": 10**5000}),
+     (ToolSpec(name="t", identity=("v",)), {"v": [1.5, 4111111111111111111]}),
+     (ToolSpec(name="t", identity=("v",), free=("w",)), {"v": 1, "w": {"n": 4111111111111111111}}),
+     (ToolSpec(name="t", identity=("v",)), {"v": 1, "4111111111111111": 2}),
+     (ToolSpec(name="t", identity=("v",)), {"v": 1, 4111111111111111: 2, "x": 1})],
+)  # fmt: skip
+def test_identity_errors_never_echo_the_value(spec: ToolSpec, args: dict[Any, Any]) -> None:
+    with pytest.raises(IdentityError) as info:
+        derive(spec, "s", args)
+    text = str(info.value) + repr(info.value.details)
+    assert "4111111111" not in text and "0000000000" not in text
+
+
+@pytest.mark.parametrize(
+    "key", ["", "0" * 63, "0" * 65, "A" * 64, "0" * 63 + "\n", "g" * 64, "bob@example.com", 42]
+)
+def test_a_malformed_key_is_a_key_format_error_that_never_echoes_it(key: Any) -> None:
+    from dedupe.errors import KeyFormatError
+    from dedupe.identity import check_key
+
+    with pytest.raises(KeyFormatError, match="64 lowercase hex") as info:
+        check_key(key)
+    assert isinstance(info.value, IdentityError)
+    assert "bob@" not in str(info.value)
+    assert check_key("ab" * 32) == "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("amount", "key"),
+    [("0.0101", "0.0101"), ("101e-4", "0.0101"), ("10.0101", "10.0101"), ("-0.50", "-0.5"),
+     ("1.5E+3", "1500"), ("-0.000", "0"), (Decimal("-0E-7"), "0"), ("+7", "7"), (".5", "0.5")],
+)  # fmt: skip
+def test_money_key_form_is_the_exact_plain_decimal(amount: Any, key: str) -> None:
+    assert (
+        derive(CHARGE, "s", {"customer": "c", "amount": amount, "currency": "usd"}).normalized[
+            "amount"
+        ]
+        == key
+    )
+
+
+def test_a_value_refused_before_a_users_normalizer_runs_says_why() -> None:
+    spec = ToolSpec(name="t", identity=("f",), normalizers={"f": lambda v: v})
+    with pytest.raises(CanonicalizationError, match=r"^t\.f\[0\]: NaN and Infinity"):
+        derive(spec, "s", {"f": [math.nan]})

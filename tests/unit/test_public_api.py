@@ -11,8 +11,8 @@ PUBLIC = {
     "dedupe": {
         "CampaignPlan", "CampaignStore", "CanonicalizationError", "Claim", "ClaimOutcome",
         "ConflictError", "Effect", "EffectRecord", "EffectqError", "Found", "IdentityError",
-        "Ledger", "LedgerAuthError", "LedgerError", "LedgerUnavailableError", "Lookup",
-        "LookupResult",
+        "KeyFormatError", "Ledger", "LedgerAuthError", "LedgerError", "LedgerUnavailableError",
+        "Lookup", "LookupResult",
         "MessageError", "MissingFieldError", "NotExecutedError", "NotFound", "OperatorError",
         "ProviderError", "RecordTooLargeError", "RejectedError", "SpecError", "State",
         "SubmitStatus", "Submission", "Takeover", "ToolSpec", "Transition",
