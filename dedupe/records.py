@@ -50,7 +50,9 @@ def _json_or_none(text: str | None) -> Any:
 @dataclass(frozen=True)
 class Claim:
     """The ledger's answer to a claim. ``token`` is the fencing token to write under when
-    acquired, else the record's current token; ``receipt`` is set on a duplicate."""
+    acquired, else the record's current token; ``receipt`` is set on a duplicate.
+    ``remaining_ms`` (in_flight / blocked): ms to the lease deadline on the server's clock,
+    negative once it has passed, None when the record has none (UNKNOWN)."""
 
     outcome: ClaimOutcome
     key: str
@@ -58,6 +60,7 @@ class Claim:
     generation: int = 0
     state: State | None = None
     receipt: dict[str, Any] | None = None
+    remaining_ms: int | None = None
 
     @property
     def acquired(self) -> bool:
@@ -75,7 +78,14 @@ class Claim:
         if outcome is ClaimOutcome.DUPLICATE:
             receipt = _json_or_none(reply[3])
             return cls(outcome, key, int(reply[1]), int(reply[2]), State.DONE, receipt)
-        return cls(outcome, key, int(reply[2]), state=State(reply[1]))
+        remaining = reply[3] if len(reply) > 3 else None
+        return cls(
+            outcome,
+            key,
+            int(reply[2]),
+            state=State(reply[1]),
+            remaining_ms=None if remaining is None else int(remaining),
+        )
 
 
 class SubmitStatus(StrEnum):
