@@ -45,15 +45,17 @@ def _reason(error: BaseException, size: int) -> str:
 
 
 def _record(message_id: str, error: BaseException, size: int) -> None:
-    from . import runtime
+    from . import metrics, runtime
 
     reason = _reason(error, size)
     try:
         runtime.ledger().dead_letter(
             message_id=message_id, tool=UNDECODABLE, key=None, reason=reason
         )
-    except EffectqError as err:
-        log.error("dead-letter of %s not recorded: %s", message_id, err)
+    except Exception as err:
+        metrics.dead_letter_unrecorded()
+        detail = err.message if isinstance(err, EffectqError) else type(err).__name__
+        log.error("dead-letter of %s not recorded: %s", message_id, detail)
     log.warning("dead-lettered %s: %s", message_id, reason)
 
 

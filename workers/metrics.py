@@ -135,6 +135,12 @@ RESOLVED = Counter(
     ["tool", "resolution"],
 )
 
+DEAD_LETTERS_UNRECORDED = Counter(
+    "effectq_dead_letters_unrecorded_total",
+    "Messages dead-lettered whose reason could not be written to the ledger (it was down or "
+    "refusing writes): the broker's dead-letter queue holds them, the ledger does not.",
+)
+
 UNOWNED = Gauge(
     "effectq_reconciler_unowned_claims",
     "Expired claims the reconciler left alone at its last pass because it does not declare "
@@ -204,6 +210,12 @@ def ledger_seconds(op: str) -> Any:
         child = LEDGER_SECONDS.labels(op) if settings().metrics_enabled else _NOOP
         _ledger_seconds[op] = child
     return child
+
+
+def dead_letter_unrecorded() -> None:
+    """Count a dead letter whose reason the ledger did not take (logged by the caller)."""
+    if settings().metrics_enabled:
+        DEAD_LETTERS_UNRECORDED.inc()
 
 
 def _on_resolution(tool: str, action: str, fenced: bool) -> None:

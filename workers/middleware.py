@@ -1,5 +1,6 @@
-"""Dramatiq middleware for what the actor itself cannot see: why a message was dead-lettered
-(Dramatiq itself moves messages for unknown actors and failed messages to its DLQ)."""
+"""Dramatiq middleware for what the actor itself cannot see: a worker process's boot, and
+why a message was dead-lettered (Dramatiq itself moves messages for unknown actors and
+failed messages to its DLQ)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import dramatiq
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import MiddlewareError
 
-from dedupe import EffectqError, LedgerAuthError, VolatileLedgerError
+from dedupe import EffectqError
+
+from . import metrics
 
 __all__ = ["EffectMiddleware"]
 
@@ -21,7 +24,7 @@ class LedgerRefused(MiddlewareError):
 
 
 class EffectMiddleware(dramatiq.Middleware):
-    """Refuses to boot a worker on a ledger it cannot trust; records why each
+    """Refuses to consume on a ledger it cannot reach or trust; records why each
     dead-lettered message died, and frees its pending marker."""
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
@@ -30,9 +33,13 @@ class EffectMiddleware(dramatiq.Middleware):
         try:
             # Connecting checks persistence: a ledger without AOF would grant claims twice.
             runtime.ledger()
-        except (VolatileLedgerError, LedgerAuthError) as exc:
-            log.critical("refusing to start: %s", exc.message)
-            raise LedgerRefused(exc.message) from None
+        except Exception as exc:
+            # Unreachable, refusing, untrustworthy: a worker that consumed now would only
+            # fail its messages. The process exits before it consumes anything, and its
+            # supervisor (`effectq worker`, or the platform) restarts it with backoff.
+            reason = exc.message if isinstance(exc, EffectqError) else type(exc).__name__
+            log.critical("refusing to start: %s", reason)
+            raise LedgerRefused(reason) from None
 
     def after_nack(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
         from . import runtime
@@ -52,6 +59,8 @@ class EffectMiddleware(dramatiq.Middleware):
                 key=key if isinstance(key, str) else None,
                 reason=reason,
             )
-        except EffectqError as err:
-            log.error("dead-letter of %s not recorded: %s", message.message_id, err)
+        except Exception as err:
+            metrics.dead_letter_unrecorded()
+            detail = err.message if isinstance(err, EffectqError) else type(err).__name__
+            log.error("dead-letter of %s not recorded: %s", message.message_id, detail)
         log.warning("dead-lettered %s (%s): %s", message.message_id, message.actor_name, reason)
