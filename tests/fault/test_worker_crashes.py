@@ -7,6 +7,7 @@ a redelivery and a second execution.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,3 +121,25 @@ def test_sigterm_during_a_slow_effect_finishes_and_acks(fenceless: LocalStack) -
     assert record is not None and record.state is State.DONE
     assert fenceless.stats()["executions"] == {key: 1}
     assert broker_messages(fenceless) == DRAINED
+
+
+def test_sigterm_to_the_whole_process_group_drains_in_flight_effects(
+    fenceless: LocalStack,
+) -> None:
+    # systemd's KillMode=control-group, a terminal's Ctrl-C, `kill -TERM -PGID`: every
+    # process of the pool gets the signal, the Dramatiq worker process more than once.
+    fenceless.sandbox.configure(latency_ms=3000)
+    pool = fenceless.start_workers(1, 4)
+    keys = [_charge(f"order-group-{i}") for i in range(4)]
+    ledger = runtime.ledger()
+    wait_states(ledger, keys, {State.CLAIMED}, timeout=60)
+    os.killpg(pool.pid, signal.SIGTERM)  # the pool is a session: its pgid is its pid
+    assert pool.wait(timeout=60) == 0
+    records = wait_states(ledger, keys, timeout=5)
+    for record in records.values():
+        assert record is not None
+        assert not any(h.note.startswith("handover") for h in record.history), record.history
+    stats = fenceless.stats()
+    assert stats["total"] == 4 and set(stats["executions"].values()) == {1}
+    assert broker_messages(fenceless) == DRAINED
+    assert "Killing worker process" not in fenceless.log("workers.log")
