@@ -21,13 +21,22 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from dedupe import Ledger, LedgerError, LedgerUnavailableError, NotExecutedError, State, Write
+from dedupe import (
+    Claim,
+    ClaimOutcome,
+    Ledger,
+    LedgerError,
+    LedgerUnavailableError,
+    NotExecutedError,
+    State,
+    Write,
+)
 from tests.support.stack import DRAINED, broker_client, broker_messages, wait_for, wait_states
 from workers import EffectCall, Envelope, RetryLater, Status, effect_tool, get_tool, runtime, submit
 from workers.local import LocalStack
 from workers.redis_server import RedisServer, default_redis_binary, free_port
 from workers.settings import settings
-from workers.tool import _retry_when
+from workers.tool import _retry_when, retry_delay_ms
 
 
 def _calls(n: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -407,3 +416,19 @@ def test_an_in_flight_claim_is_retried_just_after_its_lease_deadline(live: Local
     assert record is not None
     assert [h.state for h in record.history][-3:] == ["FAILED", "CLAIMED", "DONE"]
     assert live.stats()["executions"] == {effect.key: 1}
+
+
+def test_the_retry_delay_follows_the_lease_deadline_the_ledger_reports() -> None:
+    def claim(outcome: ClaimOutcome, state: State, remaining_ms: int | None) -> Claim:
+        return Claim(outcome, "0" * 64, 1, state=state, remaining_ms=remaining_ms)
+
+    cfg = settings()
+    live_lease = claim(ClaimOutcome.IN_FLIGHT, State.CLAIMED, 1_200)
+    assert retry_delay_ms(live_lease) == min(1_700, cfg.retry_max_backoff_ms)
+    # Overdue (the reconciler's turn): as long again as it is overdue, at least the minimum.
+    just_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10)
+    assert retry_delay_ms(just_expired) == cfg.retry_min_backoff_ms
+    long_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10_000_000)
+    assert retry_delay_ms(long_expired) == cfg.retry_max_backoff_ms
+    # UNKNOWN has no deadline: an operator's turn, Dramatiq's exponential backoff.
+    assert retry_delay_ms(claim(ClaimOutcome.BLOCKED, State.UNKNOWN, None)) is None
