@@ -132,6 +132,8 @@ end
 --   DONE                                                              => duplicate(receipt)
 --   CLAIMED with a live lease, RECONCILING                            => in_flight
 --   CLAIMED with an expired lease, UNKNOWN                            => blocked
+-- in_flight / blocked end with the ms to the lease deadline (negative once it has passed;
+-- nil without one: UNKNOWN), so a worker backs off towards it.
 local function claim()
   local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
   local campaign = ARGV[8] ~= '' and ARGV[8] or nil
@@ -166,10 +168,11 @@ local function claim()
     bump('dup_claim', tool)
     return {'duplicate', rec.t, rec.g, rec.r, s}
   end
+  local remaining = rec.d and rec.d - now or false
   if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
-    return {'in_flight', s, rec.t}
+    return {'in_flight', s, rec.t, remaining}
   end
-  return {'blocked', s, rec.t}
+  return {'blocked', s, rec.t, remaining}
 end
 
 -- heartbeat(token, lease_ms): the holder of CLAIMED or RECONCILING under `token` extends

@@ -52,7 +52,9 @@ class Claim:
     """The ledger's answer to a claim. ``token`` is the fencing token to write under when
     acquired, else the record's current token; ``receipt`` is set on a duplicate. A
     duplicate is of a DONE record, or of a REVOKED / SUPERSEDED one when the message was
-    submitted for the voided generation (``state`` says which)."""
+    submitted for the voided generation (``state`` says which). ``remaining_ms`` (in_flight
+    / blocked): ms to the lease deadline on the server's clock, negative once it has
+    passed, None when the record has none (UNKNOWN)."""
 
     outcome: ClaimOutcome
     key: str
@@ -60,6 +62,7 @@ class Claim:
     generation: int = 0
     state: State | None = None
     receipt: dict[str, Any] | None = None
+    remaining_ms: int | None = None
 
     @property
     def acquired(self) -> bool:
@@ -77,7 +80,14 @@ class Claim:
         if outcome is ClaimOutcome.DUPLICATE:
             receipt = _json_or_none(reply[3])
             return cls(outcome, key, int(reply[1]), int(reply[2]), State(reply[4]), receipt)
-        return cls(outcome, key, int(reply[2]), state=State(reply[1]))
+        remaining = reply[3] if len(reply) > 3 else None
+        return cls(
+            outcome,
+            key,
+            int(reply[2]),
+            state=State(reply[1]),
+            remaining_ms=None if remaining is None else int(remaining),
+        )
 
 
 class SubmitStatus(StrEnum):

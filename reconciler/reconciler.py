@@ -13,6 +13,12 @@ under a new fencing token, looks the effect up, and decides (DESIGN §4):
 
 It never enqueues work: a FAILED key is executed by the message's own next delivery.
 Several reconcilers may run at once; the token makes every write theirs alone.
+
+A reconciler only touches the claims of tools it declares: another tool's expired claim is
+left for a reconciler that knows how to look it up (never taken over, never made UNKNOWN
+for want of a spec here), and counted (``unowned_observers``). Reconcilers with the same
+tools divide the buckets among themselves; each distinct set of tools is a group of its
+own that covers every bucket, so every tool's claims are scanned by someone who knows it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ GROUP = "reconcilers"
 # Told of every decision written (or fenced): (tool, action, fenced). workers.metrics adds
 # its counters here; an observer must be cheap and must not raise.
 observers: list[Callable[[str, Action, bool], None]] = []
+# Told after each pass of the expired claims it left alone, per tool it does not declare
+# (an empty mapping: none). Same rules as ``observers``.
+unowned_observers: list[Callable[[Mapping[str, int]], None]] = []
 
 
 @dataclass(frozen=True)
@@ -123,9 +132,20 @@ class Reconciler:
         self.holder = (
             holder or f"reconciler@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
+        tools = hashlib.sha256("\n".join(sorted(self.specs)).encode()).hexdigest()[:12]
+        self.group = f"{GROUP}:{tools}"
 
-    def reconcile(self, key: str) -> str | None:
-        """Take ``key`` over if its lease has expired and resolve it; the outcome or None."""
+    def reconcile(self, key: str, *, tool: str | None = None) -> str | None:
+        """Take ``key`` over if its lease has expired and resolve it; the outcome or None.
+        A claim of a tool not declared here is left alone: "unowned". ``tool``: the
+        record's tool when the caller already read it."""
+        if tool is None:
+            record = self.ledger.get(key)
+            if record is None:
+                return None
+            tool = record.tool
+        if tool not in self.specs:
+            return "unowned"
         takeover = self.ledger.takeover(key, lease_s=self.lease_s, holder=self.holder)
         if takeover is None:
             return None
@@ -190,14 +210,27 @@ class Reconciler:
     def run_once(self, buckets: list[int] | None = None) -> Counter[str]:
         """One pass over ``buckets`` (default: all); returns the outcomes counted."""
         outcomes: Counter[str] = Counter()
-        for key in self.ledger.expired(buckets, limit=self.batch):
+        unowned: Counter[str] = Counter()
+        keys = self.ledger.expired(buckets, limit=self.batch)
+        records = self.ledger.get_many(keys) if keys else {}
+        for key, record in records.items():
+            if record is None:
+                continue
+            if record.tool not in self.specs:
+                unowned[record.tool] += 1
+                continue
             try:
-                outcome = self.reconcile(key)
+                outcome = self.reconcile(key, tool=record.tool)
             except EffectqError as exc:
                 log.warning("reconcile %s failed: %s", key[:12], exc)
                 outcome = "error"
             if outcome:
                 outcomes[outcome] += 1
+        if unowned:
+            outcomes["unowned"] = unowned.total()
+            log.info("left %s expired claims of tools not declared here", dict(unowned))
+        for observe in unowned_observers:
+            observe(unowned)
         return outcomes
 
     def run(self, *, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
@@ -205,10 +238,10 @@ class Reconciler:
         ttl_s = max(5.0, 5 * interval_s)
         while not stop.is_set():
             try:
-                members = self.ledger.members(GROUP, self.holder, ttl_s=ttl_s)
+                members = self.ledger.members(self.group, self.holder, ttl_s=ttl_s)
                 self.run_once(self.owned_buckets(members))
             except EffectqError as exc:
                 log.warning("reconciler pass failed: %s", exc)
             stop.wait(interval_s)
         with contextlib.suppress(EffectqError):
-            self.ledger.leave(GROUP, self.holder)
+            self.ledger.leave(self.group, self.holder)

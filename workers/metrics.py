@@ -32,13 +32,13 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
@@ -135,6 +135,20 @@ RESOLVED = Counter(
     ["tool", "resolution"],
 )
 
+DEAD_LETTERS_UNRECORDED = Counter(
+    "effectq_dead_letters_unrecorded_total",
+    "Messages dead-lettered whose reason could not be written to the ledger (it was down or "
+    "refusing writes): the broker's dead-letter queue holds them, the ledger does not.",
+)
+
+UNOWNED = Gauge(
+    "effectq_reconciler_unowned_claims",
+    "Expired claims the reconciler left alone at its last pass because it does not declare "
+    "their tool (a reconciler that does must run).",
+    ["tool"],
+    multiprocess_mode="max",
+)
+
 
 class _Noop:
     """Stands in for a metric child when EFFECTQ_METRICS_ENABLED=false."""
@@ -198,6 +212,12 @@ def ledger_seconds(op: str) -> Any:
     return child
 
 
+def dead_letter_unrecorded() -> None:
+    """Count a dead letter whose reason the ledger did not take (logged by the caller)."""
+    if settings().metrics_enabled:
+        DEAD_LETTERS_UNRECORDED.inc()
+
+
 def _on_resolution(tool: str, action: str, fenced: bool) -> None:
     if not settings().metrics_enabled:
         return
@@ -208,6 +228,20 @@ def _on_resolution(tool: str, action: str, fenced: bool) -> None:
 
 
 _reconciler.observers.append(_on_resolution)
+
+_unowned_tools: set[str] = set()
+
+
+def _on_unowned(counts: Mapping[str, int]) -> None:
+    if not settings().metrics_enabled:
+        return
+    with _lock:
+        for tool in _unowned_tools | set(counts):  # a tool no longer seen goes back to 0
+            UNOWNED.labels(tool).set(counts.get(tool, 0))
+        _unowned_tools.update(counts)
+
+
+_reconciler.unowned_observers.append(_on_unowned)
 
 
 # -- the scrape-time collector --------------------------------------------------------------

@@ -1,28 +1,67 @@
-"""Dramatiq middleware for what the actor itself cannot see: why a message was dead-lettered
-(Dramatiq itself moves messages for unknown actors and failed messages to its DLQ)."""
+"""Dramatiq middleware for what the actor itself cannot see: a worker process's boot and
+shutdown signals, and why a message was dead-lettered (Dramatiq itself moves messages for
+unknown actors and failed messages to its DLQ)."""
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import MiddlewareError
 
-from dedupe import EffectqError, LedgerAuthError, VolatileLedgerError
+from dedupe import EffectqError
+
+from . import metrics
 
 __all__ = ["EffectMiddleware"]
 
 log = logging.getLogger(__name__)
+
+# Dramatiq's worker process treats a second SIGTERM (or SIGHUP) as "exit now", abandoning
+# the effects it is running. A signal to a whole process group or cgroup (systemd's
+# KillMode=control-group, a terminal's Ctrl-C, `kill -TERM -PGID`) reaches that process
+# directly *and* through its parents (`effectq worker`, the `dramatiq` main process), so
+# one shutdown arrives two or three times: only the first counts.
+_SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class LedgerRefused(MiddlewareError):
     """Raised at worker boot: Dramatiq re-raises MiddlewareErrors, so the process stops."""
 
 
+def _drain_once() -> None:
+    """Make this process's shutdown signal handlers act on the first signal only."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers belong to the main thread (a Worker run in-process)
+    first = threading.Event()
+    for signum in _SHUTDOWN_SIGNALS:
+        handler = signal.getsignal(signum)
+        if not callable(handler):
+            continue
+
+        def once(number: int, frame: FrameType | None, handler: Any = handler) -> None:
+            if first.is_set():
+                log.info("shutdown already draining: %s ignored", signal.Signals(number).name)
+                return
+            first.set()
+            handler(number, frame)
+
+        signal.signal(signum, once)
+
+
 class EffectMiddleware(dramatiq.Middleware):
-    """Refuses to boot a worker on a ledger it cannot trust; records why each
-    dead-lettered message died, and frees its pending marker."""
+    """Refuses to consume on a ledger it cannot reach or trust; drains on the first shutdown
+    signal, however often it arrives; records why each dead-lettered message died, and
+    frees its pending marker."""
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        # Dramatiq's CLI installed its handlers before importing the broker module.
+        _drain_once()
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         from . import runtime
@@ -30,9 +69,13 @@ class EffectMiddleware(dramatiq.Middleware):
         try:
             # Connecting checks persistence: a ledger without AOF would grant claims twice.
             runtime.ledger()
-        except (VolatileLedgerError, LedgerAuthError) as exc:
-            log.critical("refusing to start: %s", exc.message)
-            raise LedgerRefused(exc.message) from None
+        except Exception as exc:
+            # Unreachable, refusing, untrustworthy: a worker that consumed now would only
+            # fail its messages. The process exits before it consumes anything, and its
+            # supervisor (`effectq worker`, or the platform) restarts it with backoff.
+            reason = exc.message if isinstance(exc, EffectqError) else type(exc).__name__
+            log.critical("refusing to start: %s", reason)
+            raise LedgerRefused(reason) from None
 
     def after_nack(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
         from . import runtime
@@ -52,6 +95,8 @@ class EffectMiddleware(dramatiq.Middleware):
                 key=key if isinstance(key, str) else None,
                 reason=reason,
             )
-        except EffectqError as err:
-            log.error("dead-letter of %s not recorded: %s", message.message_id, err)
+        except Exception as err:
+            metrics.dead_letter_unrecorded()
+            detail = err.message if isinstance(err, EffectqError) else type(err).__name__
+            log.error("dead-letter of %s not recorded: %s", message.message_id, detail)
         log.warning("dead-lettered %s (%s): %s", message.message_id, message.actor_name, reason)

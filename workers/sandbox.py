@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -82,6 +83,9 @@ class SandboxConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("fail_rate", "drop_ack_rate", "latency_ms", "lookup_lag_s"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
         for name in ("fail_rate", "drop_ack_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
@@ -275,6 +279,21 @@ def _fencing_token(raw: str | None) -> int | None:
     return int(raw)
 
 
+class _NotFinite(Exception):
+    pass
+
+
+def _not_finite(_constant: str) -> float:
+    raise _NotFinite
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite
+    return value
+
+
 async def _json_object(request: Request) -> dict[str, Any]:
     """The request body as a JSON object, read with a size bound."""
     declared = request.headers.get("content-length", "")
@@ -286,7 +305,11 @@ async def _json_object(request: Request) -> dict[str, Any]:
         if len(raw) > MAX_BODY_BYTES:
             raise _Reject(413, "body too large", limit=MAX_BODY_BYTES)
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_finite, parse_float=_finite)
+    except _NotFinite:
+        # Python's json reads NaN / Infinity (and 1e999 as infinity); JSON has neither, and
+        # a receipt holding one could never be served again.
+        raise _Reject(400, "body must be JSON without NaN or Infinity") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise _Reject(400, "body must be a JSON object") from None
     if not isinstance(body, dict):

@@ -37,8 +37,12 @@ class Settings(BaseSettings):
     # timeout, and only during a maintenance pass (chance per million commands). On
     # RabbitMQ it is the AMQP heartbeat (whole seconds) unless the URL sets `heartbeat=`:
     # RabbitMQ requeues a frozen worker's messages once it missed heartbeats that long.
+    # Each worker process also runs that maintenance every `broker_maintenance_interval_ms`
+    # (0: never), so on the Redis broker a dead worker's messages are back on their queue
+    # within heartbeat timeout + interval (65 s on these defaults) on any traffic.
     broker_heartbeat_timeout_ms: int = 60_000
     broker_maintenance_chance: int = 1_000
+    broker_maintenance_interval_ms: int = 5_000
     retry_min_backoff_ms: int = 1_000
     retry_max_backoff_ms: int = 300_000
     max_retries: int = 20

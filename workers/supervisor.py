@@ -6,6 +6,15 @@ bounded backoff), and SIGTERM/SIGINT are passed through for a graceful drain: Dr
 finishes the messages it is running (up to ``--worker-shutdown-timeout``) and never acks
 an unfinished one.
 
+A signal to the whole group (``kill -TERM -PGID``, a terminal's Ctrl-C) or cgroup
+(systemd's ``KillMode=control-group``) reaches every process, so a worker process gets the
+shutdown two or three times; it counts only the first (``workers.middleware``), and the
+drain goes on. The children stay in the supervisor's process group: a SIGKILL to the group
+(an impatient operator, a test harness) still takes the whole pool, and systemd signals the
+whole cgroup whatever the groups, so a session of their own would not spare them anyway.
+A worker process that cannot reach its ledger at boot exits before consuming, and is
+restarted here with the same backoff.
+
 Metrics: the supervisor gives its children a prometheus-client multiprocess directory of
 its own (``PROMETHEUS_MULTIPROC_DIR`` in their environment, so it is set before any of
 them imports prometheus-client), serves the sum over it with the ledger's scrape-time

@@ -9,8 +9,13 @@ on middleware to stop an execution):
       acquired    → run (heartbeat) → commit | fail (not executed) | hand over (uncertain)
       duplicate   → return: the message is acked, the stored receipt is the result
       conflict    → ConflictError: dead-lettered, never executed
-      in_flight / blocked → RetryLater: the message stays alive, backing off, until the
-                    ledger says DONE or FAILED (bounded by the provider's window)
+      in_flight / blocked → RetryLater: the message stays alive, backing off towards the
+                    lease deadline the ledger reports, until the ledger says DONE or FAILED
+                    (bounded by the provider's window)
+
+Only bad input is dead-lettered. A ledger that cannot answer — down, refusing writes (OOM,
+MISCONF…), not even constructible in this process — leaves the message alive (RetryLater)
+and executes nothing.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ from dramatiq.middleware import CurrentMessage
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
 
 from dedupe import (
+    Claim,
     ClaimOutcome,
     ConflictError,
     Effect,
     EffectqError,
     IdentityError,
-    LedgerUnavailableError,
+    Ledger,
+    LedgerError,
     MessageError,
     NotExecutedError,
     RecordTooLargeError,
@@ -104,19 +111,52 @@ class ToolResult:
 
 
 class RetryLater(dramatiq.Retry):
-    """Control flow: leave the message alive and deliver it again later (not an error)."""
+    """Control flow: leave the message alive and deliver it again later (not an error).
+    ``delay_ms``: when to deliver it again (None: Dramatiq's exponential backoff)."""
 
-    def __init__(self, reason: str, *, give_up: bool = False, key: str | None = None) -> None:
-        super().__init__(reason)
+    def __init__(
+        self,
+        reason: str,
+        *,
+        give_up: bool = False,
+        key: str | None = None,
+        delay_ms: int | None = None,
+    ) -> None:
+        super().__init__(reason, delay=delay_ms)
         self.reason = reason
         self.give_up = give_up
         self.key = key
+        self.delay_ms = delay_ms
 
 
 def _retry_when(retries: int, exc: BaseException) -> bool:
     if isinstance(exc, RetryLater):
         return not exc.give_up
+    if isinstance(exc, LedgerError):
+        # A ledger that could not answer says nothing about the message: never a dead letter.
+        return True
     return retries < settings().max_retries
+
+
+# Past a lease deadline, a retry comes this long after it (the reconciler's turn).
+_LEASE_MARGIN_MS = 500
+
+
+def retry_delay_ms(claim: Claim) -> int | None:
+    """When to look again at an effect someone else holds (in_flight / blocked): just after
+    its lease deadline while the lease runs; once it has expired (the reconciler's turn),
+    after as long again as it has been overdue — a backoff anchored at the deadline rather
+    than at the message's first retry, so a freed key is not padded by minutes of backoff,
+    while a claim no reconciler takes is not polled every second. No deadline (UNKNOWN: an
+    operator's turn): None, Dramatiq's exponential backoff. Bounded by the retry settings."""
+    if claim.remaining_ms is None:
+        return None
+    cfg = settings()
+    if claim.remaining_ms > 0:
+        delay = claim.remaining_ms + _LEASE_MARGIN_MS
+    else:
+        delay = max(-claim.remaining_ms, cfg.retry_min_backoff_ms)
+    return min(delay, cfg.retry_max_backoff_ms)
 
 
 ToolFn = Callable[..., Mapping[str, Any] | ToolResult]
@@ -204,9 +244,9 @@ class EffectTool:
         age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
         retries = int(message.options.get("retries", 0)) if message else 0
         effect, campaign, generation = self._effect_of(args, kwargs)
-        ledger = runtime.ledger()
+        ledger = _ledger(effect.key)
         if age_s > self.spec.provider_window_s:
-            self._refuse_stale(effect, age_s)
+            self._refuse_stale(ledger, effect, age_s)
             return
         holder = f"{_HOST}:{os.getpid()}/{message_id}"
         started = time.perf_counter()
@@ -215,10 +255,12 @@ class EffectTool:
                 effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign,
                 generation=generation,
             )  # fmt: skip
-        except LedgerUnavailableError as exc:
+        except RecordTooLargeError as exc:
+            raise MessageError(f"{self.name}: {exc.message}", key=effect.key) from None
+        except LedgerError as exc:
             metrics.ledger_seconds("claim").observe(time.perf_counter() - started)
             self._metrics.claims["unavailable"].inc()
-            raise RetryLater(f"ledger unavailable: {exc}", key=effect.key) from None
+            raise RetryLater(f"ledger unavailable: {exc.message}", key=effect.key) from None
         metrics.ledger_seconds("claim").observe(time.perf_counter() - started)
         self._metrics.claims[claim.outcome.value].inc()
         if claim.outcome is ClaimOutcome.DUPLICATE:
@@ -230,7 +272,11 @@ class EffectTool:
                 state=str(claim.state),
             )
         if not claim.acquired:
-            raise RetryLater(f"effect is {claim.outcome.value} ({claim.state})", key=effect.key)
+            raise RetryLater(
+                f"effect is {claim.outcome.value} ({claim.state})",
+                key=effect.key,
+                delay_ms=retry_delay_ms(claim),
+            )
         failpoint("after_claim")
         call = EffectCall(
             tool=self.name,
@@ -249,6 +295,9 @@ class EffectTool:
                 result = self.fn(call, **effect.args)
             except self.not_executed as exc:
                 self._effect_done("failed", started)
+                # No heartbeat after the claim is settled: it would be fenced (counted as a
+                # stale write) or, after a handover, extend the lease the reconciler awaits.
+                held.stop()
                 self._record_failure(call, exc)
                 if isinstance(exc, RejectedError):
                     raise
@@ -260,6 +309,7 @@ class EffectTool:
             except BaseException as exc:
                 # Timeouts after send, 5xx, TimeLimitExceeded, Shutdown: nobody knows.
                 self._effect_done("uncertain", started)
+                held.stop()
                 self._hand_over(call, exc)
                 raise RetryLater(
                     f"outcome uncertain: {type(exc).__name__}", key=effect.key
@@ -270,15 +320,16 @@ class EffectTool:
             self._commit(call, result)
         failpoint("after_commit")
 
-    def _refuse_stale(self, effect: Effect, age_s: float) -> None:
+    def _refuse_stale(self, ledger: Ledger, effect: Effect, age_s: float) -> None:
         """A message older than the provider's idempotency window never executes: the
         provider may have forgotten the key, so a claim granted now (its record expired, or
         FAILED) would be a fresh effect. DONE is still a duplicate; anything else is
-        dead-lettered, and the ledger keeps listing the effect."""
+        dead-lettered, and the ledger keeps listing the effect. A ledger that cannot say
+        which keeps the message (it is refused once the ledger answers)."""
         try:
-            record = runtime.ledger().get(effect.key)
-        except LedgerUnavailableError as exc:
-            raise RetryLater(f"ledger unavailable: {exc}", give_up=True, key=effect.key) from None
+            record = ledger.get(effect.key)
+        except LedgerError as exc:
+            raise RetryLater(f"ledger unavailable: {exc.message}", key=effect.key) from None
         if record is not None and record.state is State.DONE:
             return
         state = record.state.value if record else "no record"
@@ -349,7 +400,7 @@ class EffectTool:
                 # reconciler takes it over and leaves it UNKNOWN for an operator.
                 self._hand_over(call, exc)
                 raise RetryLater(f"executed, receipt not recordable: {exc}", key=call.key) from None
-            except LedgerUnavailableError as exc:
+            except LedgerError as exc:
                 # The effect happened; keep trying within the lease, then leave it to the
                 # reconciler (the claim stays CLAIMED, its lease expires).
                 if time.monotonic() + delay > deadline:
@@ -361,6 +412,17 @@ class EffectTool:
                 f"commit fenced: claim taken over (now {write.state})",
                 key=call.key,
             )
+
+
+def _ledger(key: str) -> Ledger:
+    """This process's ledger; any failure to build it (unreachable, refused as volatile, a
+    bad URL) leaves the message alive: it is not the message's fault."""
+    try:
+        return runtime.ledger()
+    except EffectqError as exc:
+        raise RetryLater(f"ledger unavailable: {exc.message}", key=key) from None
+    except Exception as exc:
+        raise RetryLater(f"ledger unavailable: {type(exc).__name__}", key=key) from None
 
 
 def effect_tool(

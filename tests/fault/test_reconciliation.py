@@ -13,10 +13,13 @@ import httpx
 import psutil
 import pytest
 
-from dedupe import State, derive
+from dedupe import State, ToolSpec, derive
+from reconciler import Reconciler
+from tests.support.ledgers import fresh_ledger
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
-from workers import get_tool, runtime, submit
+from workers import get_tool, metrics, runtime, submit
 from workers.local import LocalStack
+from workers.redis_server import RedisServer
 
 
 def _email(scope: str) -> str:
@@ -166,3 +169,31 @@ def test_a_receipt_over_the_bound_is_never_truncated_but_left_to_an_operator(
     assert "over the 16384-byte bound" in record.reason
     assert record.receipt is None
     assert fenceless.stats()["executions"] == {key: 1}
+
+
+def test_a_reconciler_lacking_a_tools_spec_leaves_its_claims_to_one_that_has_it(
+    shared_redis_server: RedisServer,
+) -> None:
+    ledger = fresh_ledger(shared_redis_server.url)
+    known = ToolSpec(name="known_tool", identity=("x",))  # no lookup: UNKNOWN when taken
+    foreign = ToolSpec(name="foreign_tool", identity=("x",))
+    mine = derive(known, "s-1", {"x": "1"})
+    theirs = [derive(foreign, f"s-{i}", {"x": "1"}) for i in range(3)]
+    for effect in (mine, *theirs):
+        ledger.claim(effect, lease_s=0.05, holder="dead/1")
+    time.sleep(0.1)  # every lease runs out on the server's clock
+
+    outcomes = Reconciler(ledger, {"known_tool": known}).run_once()
+
+    assert outcomes == {"unknown": 1, "unowned": 3}
+    for effect in theirs:  # not taken over, not made UNKNOWN: left as they were
+        record = ledger.get(effect.key)
+        assert record is not None and record.state is State.CLAIMED and record.token == 1
+    gauge = metrics.REGISTRY.get_sample_value
+    assert gauge("effectq_reconciler_unowned_claims", {"tool": "foreign_tool"}) == 3
+    # Reconcilers of other tools form groups of their own, each covering every bucket.
+    other = Reconciler(ledger, {"foreign_tool": foreign})
+    assert other.group != Reconciler(ledger, {"known_tool": known}).group
+    assert other.run_once() == {"unknown": 3}
+    assert Reconciler(ledger, {"known_tool": known}).run_once() == {}
+    assert gauge("effectq_reconciler_unowned_claims", {"tool": "foreign_tool"}) == 0

@@ -7,7 +7,9 @@ a redelivery and a second execution.
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +19,9 @@ import pytest
 from dedupe import Ledger, State
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
-from workers.local import LocalStack
+from workers.local import FAST_ENV, LocalStack
 from workers.redis_server import RedisServer, default_redis_binary
+from workers.settings import Settings
 
 
 def _charge(scope: str) -> str:
@@ -120,3 +123,59 @@ def test_sigterm_during_a_slow_effect_finishes_and_acks(fenceless: LocalStack) -
     assert record is not None and record.state is State.DONE
     assert fenceless.stats()["executions"] == {key: 1}
     assert broker_messages(fenceless) == DRAINED
+
+
+def _default(name: str) -> int:
+    value: int = Settings.model_fields[name].default
+    return value
+
+
+# The settings a user deploys with: none of the stack's fast failure detection.
+PRODUCTION = {key: str(_default(key.removeprefix("EFFECTQ_").lower())) for key in FAST_ENV}
+
+
+def test_a_killed_workers_message_comes_back_within_the_stated_bound_on_the_defaults(
+    fenceless: LocalStack,
+) -> None:
+    assert _default("broker_maintenance_chance") == 1_000  # Dramatiq's: 0.1 % of commands
+    # The stated bound: heartbeat timeout + maintenance interval, plus a live worker's next
+    # poll, the claim and the effect itself (a few seconds).
+    timeout_ms = _default("broker_heartbeat_timeout_ms")
+    bound_s = (timeout_ms + _default("broker_maintenance_interval_ms")) / 1000 + 5
+    armed = fenceless.start_workers(1, 2, EFFECTQ_FAILPOINTS="after_claim=kill", **PRODUCTION)
+    key = _charge("order-default-recovery")
+    wait_for(lambda: _killed(fenceless), what="worker SIGKILLed after its claim", timeout=60)
+    killed_at = time.monotonic()
+    fenceless.stop_pool(armed)  # its respawned worker would be killed again
+    fenceless.start_workers(1, 2, **PRODUCTION)
+    fenceless.start_reconciler(**PRODUCTION)
+    ledger = runtime.ledger()
+    wait_states(ledger, [key], {State.FAILED}, timeout=60)  # the lease (30 s), the settle
+    [record] = wait_states(ledger, [key], timeout=bound_s - (time.monotonic() - killed_at)).values()
+    recovered_s = time.monotonic() - killed_at
+    print(f"recovered {recovered_s:.1f}s after the kill (bound {bound_s:.0f}s)")
+    assert record is not None and record.state is State.DONE
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="message acked", timeout=30)
+    assert fenceless.stats()["executions"] == {key: 1}
+
+
+def test_sigterm_to_the_whole_process_group_drains_in_flight_effects(
+    fenceless: LocalStack,
+) -> None:
+    # systemd's KillMode=control-group, a terminal's Ctrl-C, `kill -TERM -PGID`: every
+    # process of the pool gets the signal, the Dramatiq worker process more than once.
+    fenceless.sandbox.configure(latency_ms=3000)
+    pool = fenceless.start_workers(1, 4)
+    keys = [_charge(f"order-group-{i}") for i in range(4)]
+    ledger = runtime.ledger()
+    wait_states(ledger, keys, {State.CLAIMED}, timeout=60)
+    os.killpg(pool.pid, signal.SIGTERM)  # the pool is a session: its pgid is its pid
+    assert pool.wait(timeout=60) == 0
+    records = wait_states(ledger, keys, timeout=5)
+    for record in records.values():
+        assert record is not None
+        assert not any(h.note.startswith("handover") for h in record.history), record.history
+    stats = fenceless.stats()
+    assert stats["total"] == 4 and set(stats["executions"].values()) == {1}
+    assert broker_messages(fenceless) == DRAINED
+    assert "Killing worker process" not in fenceless.log("workers.log")

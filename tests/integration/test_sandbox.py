@@ -229,6 +229,36 @@ def test_admin_config_rejects_unknown_or_mistyped_switches(
     assert client.get("/v1/admin/config").json() == {**asdict(SandboxConfig()), "latency_ms": 1.0}
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b'{"amount": NaN}', b'{"amount": Infinity}', b'{"a": [-Infinity]}', b'{"amount": 1e999}'],
+    ids=["nan", "infinity", "minus-infinity", "overflow"],
+)
+def test_a_body_with_nan_or_infinity_is_refused_and_never_executed(
+    sandbox: SandboxProcess, client: httpx.Client, content: bytes
+) -> None:
+    response = client.post("/v1/effects", content=content, headers={"Idempotency-Key": "nan-1"})
+
+    assert response.status_code == 400
+    assert "NaN or Infinity" in response.json()["error"]
+    assert sandbox.stats()["total"] == 0
+    assert client.get("/v1/effects/nan-1").status_code == 404  # a lookup still answers
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"1e999"])
+@pytest.mark.parametrize("switch", ["fail_rate", "latency_ms", "lookup_lag_s"])
+def test_nan_or_infinity_is_refused_as_config(
+    sandbox: SandboxProcess, client: httpx.Client, switch: str, value: bytes
+) -> None:
+    body = b'{"' + switch.encode() + b'": ' + value + b"}"
+    response = client.post("/v1/admin/config", content=body)
+
+    assert response.status_code == 400
+    assert client.get("/v1/admin/config").json() == asdict(SandboxConfig())
+    with pytest.raises(ValueError, match="finite"):
+        SandboxConfig(**{switch: float(value)})
+
+
 def test_state_file_survives_sigkill_and_restart(tmp_path: Path) -> None:
     with SandboxProcess(state_file=tmp_path / "effects.jsonl") as sandbox:
         with httpx.Client(base_url=sandbox.url, trust_env=False) as client:

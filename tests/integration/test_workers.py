@@ -4,18 +4,39 @@ assertion about execution is made on the provider's own count."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import dramatiq
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from dedupe import State
-from tests.support.stack import broker_messages, wait_for, wait_states
-from workers import Envelope, Status, get_tool, runtime, submit
+from dedupe import (
+    Claim,
+    ClaimOutcome,
+    Ledger,
+    LedgerError,
+    LedgerUnavailableError,
+    NotExecutedError,
+    State,
+    Write,
+)
+from tests.support.stack import DRAINED, broker_client, broker_messages, wait_for, wait_states
+from workers import EffectCall, Envelope, RetryLater, Status, effect_tool, get_tool, runtime, submit
 from workers.local import LocalStack
+from workers.redis_server import RedisServer, default_redis_binary, free_port
+from workers.settings import settings
+from workers.tool import _retry_when, retry_delay_ms
 
 
 def _calls(n: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -180,3 +201,234 @@ def test_a_message_older_than_the_provider_window_never_executes(live: LocalStac
     assert dead["key"] == tool.derive("order-old-2", {"customer": "c1", "amount": "3.00",
                                                       "currency": "usd"}).key  # fmt: skip
     assert live.stats()["executions"] == {done.key: 1}
+
+
+# -- a ledger that cannot answer never kills a message (issue 15, items 6 and 14) ----------
+
+
+@pytest.fixture
+def unbuildable_ledger(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Point this process's runtime at another ledger URL, built lazily on first use."""
+
+    def point(url: str) -> None:
+        monkeypatch.setenv("EFFECTQ_REDIS_URL", url)
+        settings.cache_clear()
+        monkeypatch.setattr(runtime, "_ledger", None)
+
+    yield point
+    monkeypatch.undo()
+    settings.cache_clear()
+
+
+def _envelope(scope: str) -> dict[str, Any]:
+    effect = get_tool("charge").derive(scope, {"customer": "c1", "amount": "1", "currency": "usd"})
+    return Envelope.of(effect).model_dump()
+
+
+def test_a_ledger_that_cannot_be_built_at_first_use_leaves_the_message_alive(
+    live: LocalStack, unbuildable_ledger: Callable[[str], None], tmp_path: Path
+) -> None:
+    tool = get_tool("charge")
+    with RedisServer(default_redis_binary(), tmp_path / "volatile", aof=False) as volatile:
+        for url in (f"redis://127.0.0.1:{free_port()}/0", volatile.url, "redis://[bad"):
+            unbuildable_ledger(url)
+            with pytest.raises(RetryLater) as caught:
+                tool._perform(_envelope("order-first-use"))
+            assert caught.value.reason.startswith("ledger unavailable"), url
+            # Retried for as long as it takes, never dead-lettered for it.
+            assert _retry_when(10_000, caught.value)
+    assert live.stats()["total"] == 0
+
+
+def test_a_ledger_error_never_runs_out_of_retries() -> None:
+    assert _retry_when(10_000, LedgerUnavailableError("down"))
+    assert _retry_when(10_000, LedgerError("ledger script error: OOM command not allowed"))
+    assert not _retry_when(10_000, RuntimeError("a bug"))
+
+
+class _Watched:
+    """The runtime's ledger, telling when a heartbeat lands after the claim was settled."""
+
+    def __init__(self, inner: Ledger) -> None:
+        self.inner = inner
+        self.settled = threading.Event()
+        self.late_heartbeats = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
+        if self.settled.is_set():
+            self.late_heartbeats += 1
+        return self.inner.heartbeat(key, token, lease_s=lease_s)
+
+    def _settle(self, write: Write) -> Write:
+        self.settled.set()
+        time.sleep(0.3)  # six heartbeat intervals: a keeper still beating would beat here
+        return write
+
+    def fail(self, key: str, token: int, **kwargs: Any) -> Write:
+        return self._settle(self.inner.fail(key, token, **kwargs))
+
+    def handover(self, key: str, token: int, **kwargs: Any) -> Write:
+        return self._settle(self.inner.handover(key, token, **kwargs))
+
+
+@pytest.mark.parametrize("outcome", ["not_executed", "uncertain"])
+def test_no_heartbeat_after_a_failure_or_handover_is_recorded(
+    live: LocalStack, outcome: str
+) -> None:
+    def probe(call: EffectCall, target: str) -> dict[str, Any]:
+        time.sleep(0.2)  # long enough for the lease keeper to beat (every 0.05 s)
+        if outcome == "not_executed":
+            raise NotExecutedError("refused before acting")
+        raise TimeoutError("no answer")
+
+    tool = effect_tool(identity=("target",), name=f"hb_probe_{outcome}", lease_s=0.15)(probe)
+    watched = _Watched(runtime.ledger())
+    runtime.set_ledger(watched)  # type: ignore[arg-type]
+    try:
+        effect = tool.derive("op-hb", {"target": "t1"})
+        with pytest.raises(RetryLater):
+            tool._perform(Envelope.of(effect).model_dump())
+    finally:
+        runtime.set_ledger(watched.inner)
+    record = watched.inner.get(effect.key)
+    assert record is not None and record.token == 1
+    assert watched.late_heartbeats == 0
+    assert ("fenced", "heartbeat") not in watched.inner.counts()
+    if outcome == "uncertain":
+        # Handed over: the lease ended at the handover and nothing extended it.
+        assert record.state is State.CLAIMED and record.history[-1].note.startswith("handover")
+        assert record.lease_deadline_ms == record.history[-1].at_ms
+    else:
+        assert record.state is State.FAILED
+
+
+@pytest.fixture
+def own_ledger(tmp_path: Path) -> Iterator[RedisServer]:
+    """A ledger Redis apart from the broker's, so it can fail while the broker lives."""
+    previous = runtime.ledger()
+    with RedisServer(default_redis_binary(), tmp_path / "ledger") as server:
+        runtime.set_ledger(Ledger.from_url(server.url))
+        yield server
+    runtime.set_ledger(previous)
+
+
+def _ready(stack: LocalStack, count: int = 1) -> bool:
+    return stack.log("workers.log").count("Worker process is ready for action") >= count
+
+
+def _scrape(port: int) -> list[Sample]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def _value(port: int, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for s in _scrape(port)
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_under_oom_a_message_stays_alive_and_an_unrecorded_dead_letter_is_counted(
+    live: LocalStack, own_ledger: RedisServer
+) -> None:
+    port = free_port()
+    live.start_workers(
+        1, 2, EFFECTQ_REDIS_URL=own_ledger.url, EFFECTQ_MAX_RETRIES="1",
+        EFFECTQ_METRICS_PORT=str(port), EFFECTQ_METRICS_HOST="127.0.0.1",
+    )  # fmt: skip
+    wait_for(lambda: _ready(live), what="worker booted", timeout=60)
+    admin = own_ledger.client()
+    admin.config_set("maxmemory", "1")  # noeviction: every write is refused with OOM
+    envelope = _envelope("order-oom")
+    get_tool("charge").actor.send(envelope)
+    runtime.broker().enqueue(
+        dramatiq.Message(queue_name="effectq", actor_name="charge", args=("not an envelope",),
+                         kwargs={}, options={})
+    )  # fmt: skip
+    wait_for(
+        lambda: _value(port, "effectq_claims_total", tool="charge", outcome="unavailable") >= 3,
+        what="three claims refused under OOM",
+        timeout=60,
+    )
+    # Past EFFECTQ_MAX_RETRIES, the valid message is alive; the malformed one is dead, and
+    # the ledger could not take its reason: counted.
+    assert broker_messages(live)["dead"] == 1
+    assert _value(port, "effectq_dead_letters_unrecorded_total") == 1
+    assert "dead-letter of" in live.log("workers.log")
+    assert live.stats()["total"] == 0
+    admin.config_set("maxmemory", "0")
+    ledger = runtime.ledger()
+    wait_states(ledger, [envelope["key"]], timeout=60)
+    assert live.stats()["executions"] == {envelope["key"]: 1}
+    assert ledger.dead_letters() == []
+    admin.close()
+
+
+def test_a_worker_that_cannot_reach_the_ledger_at_boot_consumes_nothing_until_it_can(
+    live: LocalStack, own_ledger: RedisServer
+) -> None:
+    live.start_workers(1, 2, EFFECTQ_REDIS_URL=own_ledger.url, EFFECTQ_MAX_RETRIES="1")
+    wait_for(lambda: _ready(live), what="worker booted", timeout=60)
+    own_ledger.stop()
+    [pid] = live.worker_processes()
+    os.kill(pid, signal.SIGKILL)  # the supervisor respawns it while the ledger is down
+    envelopes = [_envelope(f"order-boot-{i}") for i in range(3)]
+    for envelope in envelopes:
+        get_tool("charge").actor.send(envelope)
+    wait_for(
+        lambda: live.log("workers.log").count("refusing to start") >= 2,
+        what="the respawned worker refusing to start, twice",
+        timeout=60,
+    )
+    assert broker_messages(live) == {"live": 3, "delayed": 0, "dead": 0}
+    assert live.stats()["total"] == 0
+    own_ledger.start()  # from its AOF, same port
+    ledger = runtime.ledger()
+    wait_states(ledger, [e["key"] for e in envelopes], timeout=90)
+    wait_for(lambda: broker_messages(live) == DRAINED, what="queue drained", timeout=30)
+    assert set(live.stats()["executions"].values()) == {1}
+    assert ledger.dead_letters() == []
+
+
+def test_an_in_flight_claim_is_retried_just_after_its_lease_deadline(live: LocalStack) -> None:
+    # The default backoff bounds (1 s to 5 min), not the stack's fast ones (at most 2 s).
+    live.start_workers(1, 2, EFFECTQ_RETRY_MIN_BACKOFF_MS="1000",
+                       EFFECTQ_RETRY_MAX_BACKOFF_MS="300000")  # fmt: skip
+    live.start_reconciler()
+    wait_for(lambda: _ready(live), what="worker booted", timeout=60)
+    ledger = runtime.ledger()
+    envelope = _envelope("order-held")
+    effect = get_tool("charge").derive("order-held", envelope["args"])
+    ledger.claim(effect, lease_s=8, holder="gone/1")  # a holder that died with its lease
+    held_until = time.monotonic() + 8
+    get_tool("charge").actor.send(envelope)
+    client = broker_client(live)
+    wait_for(lambda: client.hlen("dramatiq:effectq.DQ.msgs") == 1, what="retry scheduled")
+    [body] = client.hvals("dramatiq:effectq.DQ.msgs")
+    eta_in_s = json.loads(body)["options"]["eta"] / 1000 - time.time()
+    # Not Dramatiq's blind exponential backoff (1-2 s at first): just past the deadline.
+    assert held_until - time.monotonic() - 1 < eta_in_s < held_until - time.monotonic() + 2
+    [record] = wait_states(ledger, [effect.key], timeout=60).values()
+    assert record is not None
+    assert [h.state for h in record.history][-3:] == ["FAILED", "CLAIMED", "DONE"]
+    assert live.stats()["executions"] == {effect.key: 1}
+
+
+def test_the_retry_delay_follows_the_lease_deadline_the_ledger_reports() -> None:
+    def claim(outcome: ClaimOutcome, state: State, remaining_ms: int | None) -> Claim:
+        return Claim(outcome, "0" * 64, 1, state=state, remaining_ms=remaining_ms)
+
+    cfg = settings()
+    live_lease = claim(ClaimOutcome.IN_FLIGHT, State.CLAIMED, 1_200)
+    assert retry_delay_ms(live_lease) == min(1_700, cfg.retry_max_backoff_ms)
+    # Overdue (the reconciler's turn): as long again as it is overdue, at least the minimum.
+    just_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10)
+    assert retry_delay_ms(just_expired) == cfg.retry_min_backoff_ms
+    long_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10_000_000)
+    assert retry_delay_ms(long_expired) == cfg.retry_max_backoff_ms
+    # UNKNOWN has no deadline: an operator's turn, Dramatiq's exponential backoff.
+    assert retry_delay_ms(claim(ClaimOutcome.BLOCKED, State.UNKNOWN, None)) is None

@@ -91,8 +91,8 @@ def test_reconciler_resolutions_are_counted_by_tool_and_resolution(ledger: Ledge
     ledger.claim(effect, lease_s=0.05, holder="dead/1")
     time.sleep(0.1)
     before = sample("effectq_reconciler_resolutions_total", tool="ghost", resolution="unknown")
-    # Not declared to this reconciler: UNKNOWN at once.
-    assert Reconciler(ledger, {}).reconcile(effect.key) == "unknown"
+    # The provider has no lookup: UNKNOWN at once.
+    assert Reconciler(ledger, {"ghost": ghost}).reconcile(effect.key) == "unknown"
     after = sample("effectq_reconciler_resolutions_total", tool="ghost", resolution="unknown")
     assert after == before + 1
 
