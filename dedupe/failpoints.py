@@ -1,4 +1,4 @@
-"""Named crash points in the worker path, armed only through ``EFFECTQ_FAILPOINTS``.
+"""Named crash points in the worker and producer paths, armed only through ``EFFECTQ_FAILPOINTS``.
 
 ``after_claim=kill;after_effect=kill@0.2;before_commit=sleep:3``. Actions: ``kill`` (SIGKILL
 self), ``stop`` (SIGSTOP self), ``raise`` (FailpointError), ``sleep:SECONDS``; ``@P`` arms
@@ -25,6 +25,8 @@ POINTS = frozenset(
         "after_commit",
         "before_lookup",
         "after_lookup",
+        # The producer path: a pending marker written, its message not yet enqueued.
+        "after_submit_mark",
     }
 )
 

@@ -569,6 +569,29 @@ class Ledger:
         with self.guard(key):
             self.client.delete(self._keys(key)[3])
 
+    # -- pending reservations (producer) ------------------------------------------------
+    # A producer submits with a short ``pending_s`` (a reservation: a producer killed before
+    # its enqueue leaves a marker that lapses within seconds), then confirms once the broker
+    # accepted the message. A reservation that lapsed before the confirm stays gone: the
+    # next submission enqueues a second message, which the claim turns into a duplicate.
+
+    def confirm_pending(self, keys: Iterable[str], pending_s: float) -> None:
+        """The broker accepted the messages of ``keys``: their markers now last
+        ``pending_s`` (one pipelined round trip)."""
+        keys = list(keys)
+        if not keys:
+            return
+        with self.guard():
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.pexpire(self._keys(key)[3], _ms(pending_s))
+            pipe.execute()
+
+    def has_pending(self, key: str) -> bool:
+        """A pending marker stands for a message that may still run ``key``."""
+        with self.guard(key):
+            return self.client.get(self._keys(key)[3]) is not None
+
     def dead_letter(self, *, message_id: str, tool: str, key: str | None, reason: str) -> None:
         """Record why a message was dead-lettered (the broker keeps the message itself)."""
         fields = {"message_id": message_id, "tool": tool, "key": key or "", "reason": reason[:1000]}

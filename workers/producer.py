@@ -1,23 +1,37 @@
 """The producer API: ``submit`` one tool call; the handle tells its status and waits.
 
 Submission is deduplicated before the broker: the ledger answers first (one round trip),
-and only a call with no DONE effect and no live pending message is enqueued.
+and only a call with no DONE effect and no live pending message is enqueued. The pending
+marker is a short reservation until the broker accepted the message, then lasts
+``pending_ttl_s``: nothing looks pending for long that no message will ever run.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from dedupe import ConflictError, EffectqError, EffectRecord, State, SubmitStatus
+from dedupe import (
+    ConflictError,
+    EffectqError,
+    EffectRecord,
+    Ledger,
+    LedgerUnavailableError,
+    State,
+    SubmitStatus,
+)
+from dedupe.failpoints import failpoint
 
 from . import runtime
 from .settings import settings
 from .tool import EffectTool, Envelope, get_tool
 
-__all__ = ["Handle", "Status", "WaitTimeout", "submit"]
+__all__ = ["Handle", "Status", "WaitTimeout", "confirm_pending", "submit"]
+
+log = logging.getLogger(__name__)
 
 
 class Status(StrEnum):
@@ -83,24 +97,38 @@ class Handle:
             delay = min(delay * 1.5, 0.25)
 
 
+def confirm_pending(ledger: Ledger, keys: list[str], pending_s: float) -> None:
+    """The broker holds the messages of ``keys``: extend their reservations. If the ledger
+    cannot be reached now, the reservations lapse within seconds and the messages still
+    run; a later submission may send a second message, which the claim makes a duplicate."""
+    try:
+        ledger.confirm_pending(keys, pending_s)
+    except LedgerUnavailableError as exc:
+        log.warning("pending markers of %d enqueued messages not extended: %s", len(keys), exc)
+
+
 def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:
     """Submit one call of ``tool`` for ``scope``. Bad arguments raise an IdentityError."""
     target = get_tool(tool) if isinstance(tool, str) else tool
     effect = target.derive(scope, args, action)
     message = target.actor.message(Envelope.of(effect).model_dump())
     ledger = runtime.ledger()
+    cfg = settings()
+    # The marker is a reservation until the broker holds the message (see confirm_pending).
     answer = ledger.submit(
-        effect, message_id=message.message_id, pending_s=settings().pending_ttl_s
+        effect, message_id=message.message_id, pending_s=cfg.pending_reservation_s
     )
     if answer.status is SubmitStatus.ENQUEUE:
         if answer.generation:  # same message id (the marker names it), for this generation
             envelope = Envelope.of(effect, generation=answer.generation)
             message = message.copy(args=(envelope.model_dump(),))
+        failpoint("after_submit_mark")
         try:
             target.actor.broker.enqueue(message)
         except BaseException:
             ledger.clear_pending(effect.key)
             raise
+        confirm_pending(ledger, [effect.key], cfg.pending_ttl_s)
         return Handle(target.name, effect.key, Status.ENQUEUED, message_id=message.message_id)
     status = {
         SubmitStatus.DONE: Status.DONE,

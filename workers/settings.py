@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     retry_max_backoff_ms: int = 300_000
     max_retries: int = 20
     pending_ttl_s: float = 3600.0
+    # A pending marker first reserves the call for this long; once the broker accepted the
+    # message it lasts pending_ttl_s. A producer killed in between leaves nothing pending
+    # for longer than this.
+    pending_reservation_s: float = 10.0
     provider_timeout_s: float = 10.0
     # The reconciler: lookups that fail are retried with backoff (base * 2^round seconds,
     # at most 60) for this many rounds, then the effect is UNKNOWN.
