@@ -1,31 +1,66 @@
 """Campaign plans on Redis: the frozen recipient → effect-key rows of each plan version.
 
-Keys (one key per command, so each is Cluster-safe; the campaign id enters only hashed):
+Keys (one key per command, so each is Cluster-safe; the campaign id enters only hashed,
+after the same NFC + trim that ``derive`` applies to a scope, so every spelling of one id
+is one campaign):
 
-    <ns>:campaign:<tag>              hash: the approved plan's meta (written last: approval)
-    <ns>:campaign:<tag>:plan:<v>     hash: effect key -> normalized recipient, plan version v
-    <ns>:campaign:<tag>:sent:<v>     set:  effect keys of plan v whose message was enqueued
+    <ns>:campaign:<tag>                     hash: the approved plan's meta (approval: an
+                                            atomic compare-and-set, written last)
+    <ns>:campaign:<tag>:plan:<v>:<fp>       hash: effect key -> recipient, plan version v
+                                            with plan fingerprint fp (two submissions racing
+                                            for one version never write into one plan)
+    <ns>:campaign:<tag>:removed:<v>:<fp>    hash: effect key -> recipient of every earlier
+                                            plan's recipient that plan v no longer holds
+    <ns>:campaign:<tag>:sent:<v>            set:  effect keys of plan v that have a message
+                                            (sent now, or done/pending from an earlier send)
+
+Every one of them expires with the records it describes: its TTL (the tool's retention
+plus its provider window: a message older than the window never executes) is refreshed
+by each submission of the campaign.
 
 Per-state counts live with the records: the ledger script keeps "<tag>:<STATE>" in each
-bucket's campaigns hash, so a status never scans the campaign's records.
+bucket's campaigns hash, so a status never scans the campaign's records; the removed
+recipients' records are subtracted from them. Those counters are a few hash fields per
+campaign and bucket, and hash fields cannot expire on Redis 6.2: they stay after the
+records they counted expire (documented in README "Campaigns").
 """
 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from .ledger import Ledger
 
-__all__ = ["CampaignPlan", "CampaignStore", "campaign_tag"]
+__all__ = ["CampaignPlan", "CampaignStore", "campaign_tag", "normalize_campaign_id"]
 
 _BATCH = 2000
+# Approval: write the meta only if it is still the one the submitter checked its plan
+# against (absent, or the same version and fingerprints), or already this very plan.
+# KEYS[1] meta; ARGV[1] expected "version|plan fp|args fp" ('' = none), ARGV[2] this plan's,
+# ARGV[3] TTL ms (0: none), ARGV[4..] field, value pairs. Returns 'ok' or what the meta now holds.
+_APPROVE = """
+local v = redis.call('HMGET', KEYS[1], 'version', 'plan_fingerprint', 'args_fingerprint')
+local seen = ''
+if v[1] then seen = v[1] .. '|' .. (v[2] or '') .. '|' .. (v[3] or '') end
+if seen ~= ARGV[1] and seen ~= ARGV[2] then return seen end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 'ok'
+"""
+
+
+def normalize_campaign_id(campaign_id: str) -> str:
+    """The campaign id as ``derive`` treats a scope: NFC, surrounding space trimmed."""
+    return unicodedata.normalize("NFC", campaign_id.strip())
 
 
 def campaign_tag(campaign_id: str) -> str:
     """A fixed-length stand-in for the campaign id in keys and records."""
-    return hashlib.sha256(campaign_id.encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(normalize_campaign_id(campaign_id).encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -38,16 +73,29 @@ class CampaignPlan:
     args_fingerprint: str
     plan_fingerprint: str
 
+    @property
+    def token(self) -> str:
+        """What an approval compares: version and both fingerprints."""
+        return f"{self.version}|{self.plan_fingerprint}|{self.args_fingerprint}"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
 
 class CampaignStore:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.client = ledger.client
+        self._approve = self.client.register_script(_APPROVE)
 
     def _key(self, campaign_id: str, *parts: str | int) -> str:
         return ":".join(
             [self.ledger.namespace, "campaign", campaign_tag(campaign_id), *map(str, parts)]
         )
+
+    def _plan_key(self, plan: CampaignPlan, kind: str = "plan") -> str:
+        return self._key(plan.campaign_id, kind, plan.version, plan.plan_fingerprint[:16])
 
     def meta(self, campaign_id: str) -> CampaignPlan | None:
         with self.ledger.guard():
@@ -64,46 +112,106 @@ class CampaignStore:
             plan_fingerprint=fields["plan_fingerprint"],
         )
 
-    def freeze(self, plan: CampaignPlan, rows: Mapping[str, str]) -> None:
-        """Write plan ``plan.version``'s rows, then approve it by writing its meta. A crash
+    def freeze(
+        self,
+        plan: CampaignPlan,
+        rows: Mapping[str, str],
+        *,
+        approved: CampaignPlan | None = None,
+        removed: Mapping[str, str] | None = None,
+        ttl_s: float | None = None,
+    ) -> bool:
+        """Write plan ``plan``'s rows (and the earlier recipients it no longer holds), then
+        approve it: the meta is written only if it still is ``approved`` (None: absent), or
+        already this plan. False when another submission approved a plan meanwhile. A crash
         in between leaves the previous approval standing; freezing again is idempotent."""
-        plan_key = self._key(plan.campaign_id, "plan", plan.version)
-        items = list(rows.items())
-        with self.ledger.guard():
+        pipe = self.client.pipeline(transaction=False)
+        for key, mapping in ((self._plan_key(plan), rows),
+                             (self._plan_key(plan, "removed"), removed or {})):  # fmt: skip
+            items = list(mapping.items())
             for lo in range(0, len(items), _BATCH):
-                self.client.hset(plan_key, mapping=dict(items[lo : lo + _BATCH]))
-            meta = {k: str(v) for k, v in asdict(plan).items()}
-            self.client.hset(self._key(plan.campaign_id), mapping=meta)  # type: ignore[arg-type]
-
-    def plan_keys(self, campaign_id: str, version: int) -> set[str]:
+                pipe.hset(key, mapping=dict(items[lo : lo + _BATCH]))
+            if items and ttl_s is not None:
+                pipe.pexpire(key, _ms(ttl_s))
+        meta = [part for k, v in asdict(plan).items() for part in (k, str(v))]
+        expected = approved.token if approved is not None else ""
+        ttl = _ms(ttl_s) if ttl_s is not None else 0
         with self.ledger.guard():
-            return {str(k) for k in self.client.hkeys(self._key(campaign_id, "plan", version))}
+            pipe.execute()
+            answer = self._approve(
+                keys=[self._key(plan.campaign_id)], args=[expected, plan.token, ttl, *meta]
+            )
+        return str(answer) == "ok"
 
-    def mark_sent(self, campaign_id: str, version: int, keys: Iterable[str]) -> None:
+    def touch(self, plan: CampaignPlan, ttl_s: float) -> None:
+        """Keep the approved plan's keys as long as the records a submission may create."""
+        with self.ledger.guard():
+            pipe = self.client.pipeline(transaction=False)
+            for key in (self._key(plan.campaign_id), self._plan_key(plan),
+                        self._plan_key(plan, "removed"),
+                        self._key(plan.campaign_id, "sent", plan.version)):  # fmt: skip
+                pipe.pexpire(key, _ms(ttl_s))
+            pipe.execute()
+
+    def plan_rows(self, plan: CampaignPlan) -> dict[str, str]:
+        """Effect key -> recipient of every row of ``plan``."""
+        return self._hash(self._plan_key(plan))
+
+    def removed_rows(self, plan: CampaignPlan) -> dict[str, str]:
+        """Effect key -> recipient of the earlier plans' recipients ``plan`` dropped."""
+        return self._hash(self._plan_key(plan, "removed"))
+
+    def _hash(self, key: str) -> dict[str, str]:
+        with self.ledger.guard():
+            found: dict[str, str] = self.client.hgetall(key)  # type: ignore[assignment]
+        return {str(k): str(v) for k, v in found.items()}
+
+    def plan_keys(self, plan: CampaignPlan) -> set[str]:
+        with self.ledger.guard():
+            return {str(k) for k in self.client.hkeys(self._plan_key(plan))}
+
+    def mark_sent(
+        self, campaign_id: str, version: int, keys: Iterable[str], *, ttl_s: float | None = None
+    ) -> None:
         keys = list(keys)
         if keys:
+            sent = self._key(campaign_id, "sent", version)
             with self.ledger.guard():
-                self.client.sadd(self._key(campaign_id, "sent", version), *keys)
+                pipe = self.client.pipeline(transaction=False)
+                pipe.sadd(sent, *keys)
+                if ttl_s is not None:
+                    pipe.pexpire(sent, _ms(ttl_s))
+                pipe.execute()
 
     def sent_count(self, campaign_id: str, version: int) -> int:
         with self.ledger.guard():
             return int(self.client.scard(self._key(campaign_id, "sent", version)))
 
     def rows(
-        self, campaign_id: str, version: int, *, cursor: int = 0, count: int = 100
+        self, plan: CampaignPlan, *, cursor: int = 0, count: int = 100
     ) -> tuple[int, list[tuple[str, str, bool]]]:
-        """A page of (key, recipient, sent) rows of plan ``version``; cursor 0 ends."""
+        """A page of (key, recipient, sent) rows of ``plan``; cursor 0 ends."""
         with self.ledger.guard():
-            plan_key = self._key(campaign_id, "plan", version)
             found: dict[str, str]
-            cursor, found = self.client.hscan(plan_key, cursor=cursor, count=count)  # type: ignore[assignment]
+            cursor, found = self.client.hscan(self._plan_key(plan), cursor=cursor, count=count)  # type: ignore[assignment]
             keys = list(found)
-            sent_key = self._key(campaign_id, "sent", version)
+            sent_key = self._key(plan.campaign_id, "sent", plan.version)
             sent = self.client.smismember(sent_key, keys) if keys else []
         return int(cursor), [
             (str(k), str(found[k]), bool(s)) for k, s in zip(keys, sent, strict=True)
         ]
 
-    def state_counts(self, campaign_id: str) -> dict[str, int]:
-        """Records of the campaign per ledger state, from the ledger's counters."""
-        return self.ledger.campaign_counts(campaign_tag(campaign_id))
+    def state_counts(self, campaign_id: str, plan: CampaignPlan | None = None) -> dict[str, int]:
+        """Records of the campaign's approved plan (``plan``, read when None) per ledger
+        state: the ledger's counters (every record the campaign ever sent) less the records
+        of the recipients the plan dropped."""
+        counts = self.ledger.campaign_counts(campaign_tag(campaign_id))
+        plan = plan or self.meta(campaign_id)
+        if plan is None:
+            return counts
+        removed = list(self.removed_rows(plan))
+        gone: Counter[str] = Counter()
+        for lo in range(0, len(removed), _BATCH):
+            records = self.ledger.get_many(removed[lo : lo + _BATCH])
+            gone.update(r.state.value for r in records.values() if r is not None)
+        return {state: max(n - gone[state], 0) for state, n in counts.items()}

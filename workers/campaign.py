@@ -11,6 +11,7 @@ ones are listed, never "un-sent".
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -29,15 +30,21 @@ from dedupe import (
     campaign_tag,
     canonical_bytes,
 )
+from dedupe.campaigns import normalize_campaign_id
+from dedupe.failpoints import failpoint
 
 from . import runtime
 from .fanout import enqueue_many
+from .producer import confirm_pending
 from .settings import settings
 from .tool import EffectTool, Envelope, get_tool
 
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
 BATCH = 1000
+# Approval rounds against concurrent submissions of one campaign before giving up.
+_APPROVALS = 3
+_HAD_A_MESSAGE = frozenset({SubmitStatus.DONE, SubmitStatus.PENDING, SubmitStatus.BLOCKED})
 # The per-recipient state a producer sees, from the ledger's.
 RECIPIENT_STATE = {
     None: "pending", "CLAIMED": "pending", "RECONCILING": "pending", "DONE": "done",
@@ -101,9 +108,13 @@ def submit_campaign(
     """Freeze the plan for ``recipients`` and fan it out; see the module docstring.
 
     Raises ConflictError for a changed list or changed bound arguments under the same plan
-    version; invalid recipients are rejected one by one (index and reason), never dropped.
+    version, or a plan another submission approved meanwhile; invalid recipients (a value
+    the normalizer refuses, a request over the bound a worker enforces) are rejected one
+    by one (index and reason), never dropped and never enqueued.
     """
     target = get_tool(tool) if isinstance(tool, str) else tool
+    # One campaign whatever the spelling: the id as derive() treats the scope of every key.
+    campaign_id = normalize_campaign_id(campaign_id)
     args = dict(args or {})
     recipient = _recipient_field(target, args)
     report = CampaignReport(campaign_id, plan_version or 1, 0)
@@ -112,6 +123,7 @@ def submit_campaign(
     template = {k: v for k, v in args.items() if k in target.spec.free}
     shared = {k: v for k, v in args.items() if k not in template}
     effects: dict[str, Effect] = {}
+    index_of: dict[str, int] = {}
     for index, value in enumerate(recipients):
         try:
             effect = target.derive(campaign_id, {**shared, recipient: value}, action)
@@ -121,13 +133,18 @@ def submit_campaign(
         if effect.key in effects:
             report.collapsed += 1
         effects.setdefault(effect.key, effect)  # the first spelling is the one mailed
+        index_of.setdefault(effect.key, index)
+    if effects:
+        sample = next(iter(effects.values()))
+        full = target.derive(campaign_id, {**sample.args, **template}, action).args
+        content = {k: full[k] for k in template}
+        effects = {k: replace(e, args={**e.args, **content}) for k, e in effects.items()}
+        _reject_oversized(effects, index_of, report)
     if not effects:
         raise MessageError(f"campaign {campaign_id!r}: no valid recipient")
+    report.rejected.sort(key=lambda r: int(r["index"]))
     report.recipients = len(effects)
     sample = next(iter(effects.values()))
-    full = target.derive(campaign_id, {**sample.args, **template}, action).args
-    content = {k: full[k] for k in template}
-    effects = {k: replace(e, args={**e.args, **content}) for k, e in effects.items()}
     bound = {f: sample.normalized[f] for f in target.spec.bound if f != recipient}
     plan = CampaignPlan(
         campaign_id=campaign_id,
@@ -139,13 +156,63 @@ def submit_campaign(
         plan_fingerprint=hashlib.sha256("\n".join(sorted(effects)).encode()).hexdigest(),
     )
     store = CampaignStore(runtime.ledger())
-    approved = store.meta(campaign_id)
-    if approved is not None:
-        plan = _check_against(approved, plan, plan_version, store, set(effects), report)
-    store.freeze(plan, {key: str(e.normalized[recipient]) for key, e in effects.items()})
+    ttl_s = _plan_ttl_s(target)
+    rows = {key: str(e.normalized[recipient]) for key, e in effects.items()}
+    plan = _approve(store, plan, plan_version, rows, ttl_s, report)
     report.plan_version = plan.version
-    _fan_out(target, campaign_id, plan.version, list(effects.values()), store, report, progress)
+    _fan_out(target, plan, list(effects.values()), store, report, progress, ttl_s)
     return report
+
+
+def _plan_ttl_s(tool: EffectTool) -> float:
+    """How long a plan is kept after its last submission: as long as its records may be
+    (a message older than the provider window never runs; a settled record lives for the
+    retention)."""
+    return tool.spec.retention_s + tool.spec.provider_window_s
+
+
+def _request_bytes(effect: Effect) -> int:
+    """The size of the request a worker's claim stores, and bounds (Ledger.claim)."""
+    request = {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
+    text = json.dumps(request, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return len(text.encode("utf-8"))
+
+
+def _reject_oversized(
+    effects: dict[str, Effect], index_of: dict[str, int], report: CampaignReport
+) -> None:
+    """A worker would dead-letter a request over the ledger's bound: refuse it here."""
+    limit = runtime.ledger().max_request_bytes
+    for key in [k for k, e in effects.items() if _request_bytes(e) > limit]:
+        size = _request_bytes(effects.pop(key))
+        report.rejected.append(
+            {"index": index_of[key], "reason": f"request is {size} bytes, over the "
+             f"{limit}-byte bound a worker enforces"}
+        )  # fmt: skip
+
+
+def _approve(
+    store: CampaignStore,
+    plan: CampaignPlan,
+    plan_version: int | None,
+    rows: dict[str, str],
+    ttl_s: float,
+    report: CampaignReport,
+) -> CampaignPlan:
+    """Check ``plan`` against the approved one and approve it, atomically against a
+    concurrent submission: one that approved first is checked against in turn (an
+    identical plan proceeds, another is a conflict)."""
+    for _ in range(_APPROVALS):
+        approved = store.meta(plan.campaign_id)
+        removed: dict[str, str] | None = None
+        if approved is not None:
+            plan, removed = _check_against(approved, plan, plan_version, store, rows, report)
+        if store.freeze(plan, rows, approved=approved, removed=removed, ttl_s=ttl_s):
+            store.touch(plan, ttl_s)
+            return plan
+    raise ConflictError(
+        f"campaign {plan.campaign_id!r}: other submissions keep approving plans; submit again"
+    )
 
 
 def _check_against(
@@ -153,9 +220,10 @@ def _check_against(
     plan: CampaignPlan,
     plan_version: int | None,
     store: CampaignStore,
-    keys: set[str],
+    rows: dict[str, str],
     report: CampaignReport,
-) -> CampaignPlan:
+) -> tuple[CampaignPlan, dict[str, str] | None]:
+    """The plan to approve, and for a new version the earlier recipients it drops."""
     if (approved.tool, approved.action) != (plan.tool, plan.action):
         raise ConflictError(
             f"campaign {plan.campaign_id!r} was approved for {approved.tool}/{approved.action}"
@@ -165,12 +233,15 @@ def _check_against(
         raise ConflictError(
             f"campaign {plan.campaign_id!r} is at plan version {approved.version}, not {version}"
         )
-    old = store.plan_keys(plan.campaign_id, approved.version)
-    added, removed = len(keys - old), len(old - keys)
     same = (plan.plan_fingerprint, plan.args_fingerprint) == (
         approved.plan_fingerprint, approved.args_fingerprint,
     )  # fmt: skip
-    if version == approved.version and not same:
+    plan = CampaignPlan(**{**asdict(plan), "version": version})
+    if version == approved.version and same:
+        return plan, None
+    old = store.plan_rows(approved)
+    added, removed = len(rows.keys() - old.keys()), len(old.keys() - rows.keys())
+    if version == approved.version:
         what = "bound arguments" if not added and not removed else "recipient list"
         raise ConflictError(
             f"campaign {plan.campaign_id!r}: changed {what} under plan version {version} "
@@ -178,22 +249,25 @@ def _check_against(
             added=added,
             removed=removed,
         )
-    if version > approved.version:
-        report.added, report.removed = added, removed
-    return CampaignPlan(**{**asdict(plan), "version": version})
+    report.added, report.removed = added, removed
+    # Every recipient an earlier plan held and this one does not: its records are no part
+    # of this plan's counts.
+    dropped = {**store.removed_rows(approved), **old}
+    return plan, {k: v for k, v in dropped.items() if k not in rows}
 
 
 def _fan_out(
     tool: EffectTool,
-    campaign_id: str,
-    version: int,
+    plan: CampaignPlan,
     effects: list[Effect],
     store: CampaignStore,
     report: CampaignReport,
     progress: Callable[[int], None] | None,
+    ttl_s: float,
 ) -> None:
     ledger = runtime.ledger()
-    tag = campaign_tag(campaign_id)
+    cfg = settings()
+    tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
     for lo in range(0, len(effects), BATCH):
         batch = effects[lo : lo + BATCH]
@@ -201,10 +275,11 @@ def _fan_out(
             e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
         }
         # force: a pending marker may stand for a message a crash lost; a second message
-        # for one effect is harmless, the claim decides.
+        # for one effect is harmless, the claim decides. The markers are reservations until
+        # the broker holds the batch.
         answers = ledger.submit_many(
             [(e, messages[e.key].message_id) for e in batch],
-            pending_s=settings().pending_ttl_s,
+            pending_s=cfg.pending_reservation_s,
             force=True,
         )
         send = [a.key for a in answers if a.status is SubmitStatus.ENQUEUE]
@@ -214,8 +289,13 @@ def _fan_out(
             elif answer.generation:  # same message id, carrying the generation it is for
                 envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
                 messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
+        failpoint("after_submit_mark")
         enqueue_many(tool.actor.broker, [messages[key] for key in send])
-        store.mark_sent(campaign_id, version, send)
+        confirm_pending(ledger, send, cfg.pending_ttl_s)
+        # Sent: a message exists for it, now or from an earlier submission (done, held by a
+        # worker, awaiting reconciliation). A conflict was never sent under this plan.
+        had = [a.key for a in answers if a.status in _HAD_A_MESSAGE]
+        store.mark_sent(plan.campaign_id, plan.version, [*send, *had], ttl_s=ttl_s)
         report.sent += len(send)
         if progress is not None:
             progress(len(batch))
@@ -230,14 +310,15 @@ def campaign_status(campaign_id: str, *, cursor: int = 0, page_size: int = 100) 
     plan = store.meta(campaign_id)
     if plan is None:
         raise MessageError(f"no campaign {campaign_id!r}")
-    states = store.state_counts(campaign_id)
+    # Counts over the approved plan's recipients only (dropped ones are subtracted).
+    states = store.state_counts(campaign_id, plan)
     sent = store.sent_count(campaign_id, plan.version)
     counts = dict.fromkeys(("pending", "done", "failed", "unknown", "revoked"), 0)
     for state, n in states.items():
         counts[RECIPIENT_STATE[state]] += n
     settled = sum(n for s, n in counts.items() if s != "pending")
     counts["pending"] = max(plan.count - settled, 0)
-    next_cursor, rows = store.rows(campaign_id, plan.version, cursor=cursor, count=page_size)
+    next_cursor, rows = store.rows(plan, cursor=cursor, count=page_size)
     records = ledger.get_many(key for key, _, _ in rows)
     recipients = []
     for key, who, was_sent in rows:
@@ -248,7 +329,7 @@ def campaign_status(campaign_id: str, *, cursor: int = 0, page_size: int = 100) 
             entry["reason"] = record.reason
         recipients.append(entry)
     return {
-        "campaign_id": campaign_id,
+        "campaign_id": plan.campaign_id,
         "tool": plan.tool,
         "plan_version": plan.version,
         "recipients_total": plan.count,

@@ -8,14 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dedupe import CampaignStore, ConflictError
 from tests.support.stack import DRAINED, broker_messages, wait_for
-from workers import runtime
+from workers import get_tool, runtime
 from workers.campaign import campaign_status, submit_campaign
 from workers.local import LocalStack
 
@@ -154,3 +156,111 @@ def test_campaign_cli_submit_and_status(live: LocalStack, tmp_path: Path) -> Non
     changed = _cli(live, "campaign", "submit", str(path))  # same id, another list
     assert changed.returncode == 3, changed.stderr  # DESIGN §8: 3 is a conflict
     assert "changed recipient list" in changed.stderr
+
+
+def test_a_new_plan_version_counts_only_its_own_recipients(live: LocalStack) -> None:
+    # v1 runs to DONE; v2 drops one recipient and adds one, submitted with no worker
+    # running: the carried-over DONE ones count done and were sent (under v1), the dropped
+    # one counts nowhere, and the added one is pending.
+    live.start_workers(1, 4)
+    submit_campaign("spring-6", "send_email", _people(3), TEMPLATE)
+    wait_for(lambda: _all_done("spring-6", 3), what="v1 sent")
+    live.stop_processes()
+    v2 = _people(2) + _people(1, start=100)
+    report = submit_campaign("spring-6", "send_email", v2, TEMPLATE, plan_version=2)
+    assert (report.sent, report.skipped, report.added, report.removed) == (1, {"done": 2}, 1, 1)
+    status = campaign_status("spring-6")
+    assert status["counts"] == _counts(done=2, pending=1)
+    assert status["approved_but_never_sent"] == 0 and status["message"] is None
+    assert sorted(r["state"] for r in status["recipients"]) == ["done", "done", "pending"]
+    assert all(r["sent"] for r in status["recipients"])
+    live.start_workers(1, 4)
+    wait_for(lambda: _all_done("spring-6", 3), what="v2 sent")
+    assert campaign_status("spring-6")["counts"] == _counts(done=3)
+    assert live.stats()["total"] == 4
+
+
+def test_one_campaign_id_in_nfc_and_nfd_spelling_is_one_plan(live: LocalStack) -> None:
+    nfc, nfd = "caf\u00e9-1", "cafe\u0301-1"
+    first = submit_campaign(nfc, "send_email", _people(3), TEMPLATE)
+    with pytest.raises(ConflictError, match="changed recipient list"):
+        submit_campaign(f" {nfd} ", "send_email", _people(4), TEMPLATE)
+    again = submit_campaign(nfd, "send_email", _people(3), TEMPLATE)
+    assert again.campaign_id == first.campaign_id == nfc and again.plan_version == 1
+    status = campaign_status(nfd)
+    assert status["campaign_id"] == nfc and status["recipients_total"] == 3
+    assert status["counts"] == _counts(pending=3)
+
+
+def test_concurrent_first_submissions_of_one_campaign_never_merge_their_plans(
+    live: LocalStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both submissions read "no approved plan" before either approves its own.
+    both_read = threading.Barrier(2, timeout=30)
+    read = CampaignStore.meta
+
+    waited: set[str] = set()
+
+    def meta_then_wait(self: CampaignStore, campaign_id: str) -> Any:
+        found = read(self, campaign_id)
+        name = threading.current_thread().name
+        if name.startswith("race-") and name not in waited:
+            waited.add(name)
+            both_read.wait()
+        return found
+
+    monkeypatch.setattr(CampaignStore, "meta", meta_then_wait)
+    lists = {"race-a": _people(3), "race-b": _people(3, start=50)}
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            outcomes[name] = submit_campaign("spring-7", "send_email", lists[name], TEMPLATE)
+        except ConflictError as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=run, args=(n,), name=n) for n in lists]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    conflicts = [n for n, o in outcomes.items() if isinstance(o, ConflictError)]
+    assert len(outcomes) == 2 and len(conflicts) == 1, outcomes
+    (winner,) = set(lists) - set(conflicts)
+    status = campaign_status("spring-7", page_size=100)
+    assert status["recipients_total"] == 3
+    assert {r["recipient"] for r in status["recipients"]} == set(lists[winner])
+    assert broker_messages(live)["live"] == 3
+
+
+def _request_bytes(scope: str, action: str, args: dict[str, Any]) -> int:
+    """The size of the request a worker's claim stores (and bounds)."""
+    request = {"scope": scope, "action": action, "args": args}
+    text = json.dumps(request, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return len(text.encode())
+
+
+def test_a_recipient_over_the_request_bound_is_rejected_at_submit(live: LocalStack) -> None:
+    # The template brings each request close to the bound the claim enforces; the longer
+    # address takes its request over it.
+    short, long = "a@example.com", "x" * 60 + "@example.com"
+    limit = runtime.ledger().max_request_bytes
+    fill = limit - _request_bytes("spring-8", "receipt", {"recipient": short, "body": ""}) - 10
+    template = {"body": "b" * fill}
+    report = submit_campaign("spring-8", "send_email", [short, long], template)
+    assert (report.recipients, report.sent) == (1, 1)
+    assert [r["index"] for r in report.rejected] == [1]
+    assert "bound" in report.rejected[0]["reason"] and "xxxx" not in report.rejected[0]["reason"]
+    assert broker_messages(live)["live"] == 1
+
+
+def test_plans_sent_sets_and_meta_expire_with_the_tools_retention(live: LocalStack) -> None:
+    submit_campaign("spring-9", "send_email", _people(2), TEMPLATE)
+    submit_campaign("spring-9", "send_email", _people(3), TEMPLATE, plan_version=2)
+    client = runtime.ledger().client
+    names = list(client.scan_iter(match="effectq:campaign:*"))
+    assert len(names) >= 4  # meta, two plans, two sent sets
+    retention_s = get_tool("send_email").spec.retention_s
+    for name in names:
+        ttl_s = client.pttl(name) / 1000
+        assert retention_s <= ttl_s <= 2 * retention_s + 60, (name, ttl_s)

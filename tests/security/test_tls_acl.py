@@ -51,7 +51,7 @@ ACL_RULES = [
     "on", f">{PASSWORD}", "~effectq:*", "~{effectq:*", "resetchannels", "-@all",
     "+evalsha", "+eval", "+script|load", "+script|exists",
     "+get", "+set", "+del", "+pttl",
-    "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcount",
+    "+pexpire", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcount",
     "+hgetall", "+hmget", "+hset", "+hincrby", "+hkeys", "+hscan",
     "+sadd", "+scard", "+smismember",
     "+xadd", "+xrevrange", "+scan",
@@ -228,9 +228,9 @@ def test_campaign_store_and_metrics_reads_over_tls(ledger: Ledger) -> None:
     for effect in effects:
         ledger.claim(effect, lease_s=30, holder="w/1", campaign=campaign_tag(campaign))
     assert store.meta(campaign) == plan
-    assert store.plan_keys(campaign, 1) == {e.key for e in effects}
+    assert store.plan_keys(plan) == {e.key for e in effects}
     assert store.sent_count(campaign, 1) == 2
-    _, rows = store.rows(campaign, 1, count=10)
+    _, rows = store.rows(plan, count=10)
     assert sorted(sent for _, _, sent in rows) == [False, True, True]
     assert store.state_counts(campaign)["CLAIMED"] == 3
     now, oldest, expired = _lease_heads(ledger)
