@@ -11,6 +11,8 @@ times the tool was called:
     the same logical call again       → the original receipt; nothing re-fires
     a bound argument changed          → "conflict", not executed
     UNKNOWN (awaiting an operator)    → "outcome unknown, waiting for an operator"; never re-fired
+    FAILED, and no message left       → "NOT executed" with the reason (the provider refused
+      to run it                          it, or its retries ran out); nothing runs it later
     not DONE within the timeout       → "still pending"; calling again waits on the same key
 
 Every answer is an ``Outcome`` whose text is written for the model (it names the effect key,
@@ -80,6 +82,7 @@ class OutcomeStatus(StrEnum):
     PENDING = "pending"
     CONFLICT = "conflict"
     UNKNOWN = "unknown"
+    FAILED = "failed"  # known not executed, and no message left that would run it
     INVALID = "invalid"  # the call itself was refused before submission: nothing executed
 
 
@@ -202,12 +205,13 @@ class Guarded:
         return None
 
     def _wait(self, effect: Effect, replayed: bool) -> Outcome:
-        """Poll the ledger until DONE or UNKNOWN, or until the timeout: a wait that ends
-        never resubmits, so a later call finds the same key."""
+        """Poll the ledger until DONE, UNKNOWN or a terminal FAILED, or until the timeout:
+        a wait that ends never resubmits, so a later call finds the same key."""
+        ledger = runtime.ledger()
         deadline = time.monotonic() + self.timeout
         delay = 0.01
         while True:
-            record = runtime.ledger().get(effect.key)
+            record = ledger.get(effect.key)
             # Only a settled record is compared: a FAILED one may still carry an earlier
             # call's fingerprint until this call's own claim replaces it.
             if record is not None and record.state in (State.DONE, State.UNKNOWN):
@@ -217,6 +221,16 @@ class Guarded:
                     return self._unknown(effect.key, record.reason, replayed)
                 if record.receipt is not None:
                     return self._done(effect.key, record.receipt, replayed)
+            # FAILED is terminal once no pending marker is left: the message that would run
+            # it again was dead-lettered (rejected outright, or out of retries). While a
+            # marker stands, a retry or this call's own message is still to come.
+            if (
+                record is not None
+                and record.state is State.FAILED
+                and record.fingerprint == effect.fingerprint
+                and not ledger.has_pending(effect.key)
+            ):
+                return self._failed(effect.key, record.reason, replayed)
             if time.monotonic() + delay > deadline:
                 state = record.state.value if record else "queued"
                 return self._pending(effect.key, state, replayed)
@@ -253,6 +267,14 @@ class Guarded:
             "do not retry it. Report that an operator must resolve this key."
         )
         return Outcome(OutcomeStatus.UNKNOWN, message, key, replayed=replayed)
+
+    def _failed(self, key: str, reason: str, replayed: bool) -> Outcome:
+        message = (
+            f"{self.name} NOT executed: it failed (effect key {key}"
+            f"{f'; {reason}' if reason else ''}). Nothing will run it by itself. Do not "
+            "retry the same call unchanged; report the failure, or ask a human."
+        )
+        return Outcome(OutcomeStatus.FAILED, message, key, replayed=replayed)
 
     def _pending(self, key: str, state: str, replayed: bool) -> Outcome:
         message = (

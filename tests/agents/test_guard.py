@@ -117,3 +117,17 @@ def test_identity_is_keyed_on_the_customer_the_resolver_found(
     stranger = pay(**{**ORDER, "customer": "bob@example.com"})
     assert stranger.status is OutcomeStatus.INVALID
     assert "could not resolve the arguments: no customer with that email" in str(stranger)
+
+
+def test_a_rejected_effect_is_reported_failed_with_its_reason_not_pending(
+    fenceless: LocalStack,
+) -> None:
+    from tests.agents.refusing_tools import refused_charge
+
+    fenceless.start_workers(1, 2, EFFECTQ_TOOLS="tests.agents.refusing_tools")
+    pay = guarded(refused_charge, scope="order-14", timeout=20)
+    first = pay(customer="cus_7", amount="10.50")
+    assert first.status is OutcomeStatus.FAILED, str(first)
+    assert "NOT executed" in str(first) and "card declined" in str(first)
+    assert first.key is not None and first.key in str(first)
+    assert fenceless.stats()["total"] == 0
