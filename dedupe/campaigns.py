@@ -22,7 +22,8 @@ Per-state counts live with the records: the ledger script keeps "<tag>:<STATE>" 
 bucket's campaigns hash, so a status never scans the campaign's records; the removed
 recipients' records are subtracted from them. Those counters are a few hash fields per
 campaign and bucket, and hash fields cannot expire on Redis 6.2: they stay after the
-records they counted expire (documented in README "Campaigns").
+records they counted expire. So the campaign's first approval (no meta: a new id, or one
+whose plan expired) records them as a baseline in the meta, subtracted from every status.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from .ledger import Ledger
+from .records import State
 
 __all__ = ["CampaignPlan", "CampaignStore", "campaign_tag", "normalize_campaign_id"]
 
@@ -41,13 +43,21 @@ _BATCH = 2000
 # Approval: write the meta only if it is still the one the submitter checked its plan
 # against (absent, or the same version and fingerprints), or already this very plan.
 # KEYS[1] meta; ARGV[1] expected "version|plan fp|args fp" ('' = none), ARGV[2] this plan's,
-# ARGV[3] TTL ms (0: none), ARGV[4..] field, value pairs. Returns 'ok' or what the meta now holds.
+# ARGV[3] TTL ms (0: none), ARGV[4..] field, value pairs; a "base:" field (the counters'
+# baseline) is written only where none is, so only the campaign's first approval sets it.
+# Returns 'ok' or what the meta now holds.
 _APPROVE = """
 local v = redis.call('HMGET', KEYS[1], 'version', 'plan_fingerprint', 'args_fingerprint')
 local seen = ''
 if v[1] then seen = v[1] .. '|' .. (v[2] or '') .. '|' .. (v[3] or '') end
 if seen ~= ARGV[1] and seen ~= ARGV[2] then return seen end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+for i = 4, #ARGV, 2 do
+  -- HMGET, not HSETNX/HEXISTS: the documented ACL grants only the commands effectq uses.
+  local base = string.sub(ARGV[i], 1, 5) == 'base:'
+  if not base or not redis.call('HMGET', KEYS[1], ARGV[i])[1] then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
 if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 'ok'
 """
@@ -135,6 +145,11 @@ class CampaignStore:
                 pipe.pexpire(key, _ms(ttl_s))
         meta = [part for k, v in asdict(plan).items() for part in (k, str(v))]
         expected = approved.token if approved is not None else ""
+        if approved is None:
+            # A campaign id used again after its plan expired finds the counters its earlier
+            # records left: this approval's baseline, subtracted from every status.
+            counts = self.ledger.campaign_counts(campaign_tag(plan.campaign_id))
+            meta += [part for k, n in counts.items() if n for part in (f"base:{k}", str(n))]
         ttl = _ms(ttl_s) if ttl_s is not None else 0
         with self.ledger.guard():
             pipe.execute()
@@ -201,16 +216,23 @@ class CampaignStore:
             (str(k), str(found[k]), bool(s)) for k, s in zip(keys, sent, strict=True)
         ]
 
+    def _baseline(self, campaign_id: str) -> dict[str, int]:
+        states = [s.value for s in State]
+        with self.ledger.guard():
+            found = self.client.hmget(self._key(campaign_id), [f"base:{s}" for s in states])
+        return {s: int(n) for s, n in zip(states, found, strict=True) if n}
+
     def state_counts(self, campaign_id: str, plan: CampaignPlan | None = None) -> dict[str, int]:
         """Records of the campaign's approved plan (``plan``, read when None) per ledger
-        state: the ledger's counters (every record the campaign ever sent) less the records
-        of the recipients the plan dropped."""
+        state: the ledger's counters (every record the campaign ever sent) less their
+        baseline at the campaign's first approval and the records of the recipients the
+        plan dropped."""
         counts = self.ledger.campaign_counts(campaign_tag(campaign_id))
         plan = plan or self.meta(campaign_id)
         if plan is None:
             return counts
+        gone: Counter[str] = Counter(self._baseline(campaign_id))
         removed = list(self.removed_rows(plan))
-        gone: Counter[str] = Counter()
         for lo in range(0, len(removed), _BATCH):
             records = self.ledger.get_many(removed[lo : lo + _BATCH])
             gone.update(r.state.value for r in records.values() if r is not None)

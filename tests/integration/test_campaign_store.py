@@ -66,13 +66,35 @@ def test_counts_cover_the_approved_plan_only(ledger_server: RedisServer | LocalC
     store = CampaignStore(ledger)
     tag = campaign_tag("camp-counts")
     effects = [charge("camp-counts", customer=f"d{i}") for i in range(3)]
+    v1 = _plan("camp-counts", [e.key for e in effects])
+    assert store.freeze(v1, {e.key: str(i) for i, e in enumerate(effects)})
     for effect in effects:
         claim = ledger.claim(effect, lease_s=30, holder="w/1", campaign=tag)
         ledger.commit(effect.key, claim.token, {"id": effect.key[:8]}, retention_s=RETENTION_S)
-    v1 = _plan("camp-counts", [e.key for e in effects])
-    assert store.freeze(v1, {e.key: str(i) for i, e in enumerate(effects)})
     assert store.state_counts("camp-counts")[State.DONE.value] == 3
     kept = {e.key: str(i) for i, e in enumerate(effects[:2])}
     v2 = _plan("camp-counts", list(kept), version=2)
     assert store.freeze(v2, kept, approved=v1, removed={effects[2].key: "2"})
     assert store.state_counts("camp-counts")[State.DONE.value] == 2
+
+
+def test_a_campaign_id_used_again_after_its_plan_expired_counts_from_zero(
+    ledger_server: RedisServer | LocalCluster,
+) -> None:
+    ledger = fresh_ledger(ledger_server.url)
+    store = CampaignStore(ledger)
+    tag = campaign_tag("camp-again")
+    earlier = charge("camp-again", customer="e0")
+    claim = ledger.claim(earlier, lease_s=30, holder="w/1", campaign=tag)
+    ledger.commit(earlier.key, claim.token, {"id": "e0"}, retention_s=RETENTION_S)
+    # The earlier life's plan and record are gone; the bucket counters are not.
+    ledger.client.delete(f"{ledger.namespace}:campaign:{tag}")
+    rows = {charge("camp-again", customer=f"f{i}").key: f"f{i}" for i in range(2)}
+    plan = _plan("camp-again", list(rows))
+    assert store.freeze(plan, rows, ttl_s=TTL_S)
+    assert store.state_counts("camp-again")[State.DONE.value] == 0
+    assert store.freeze(plan, rows, ttl_s=TTL_S)  # the same plan again keeps its baseline
+    first = charge("camp-again", customer="f0")
+    claim = ledger.claim(first, lease_s=30, holder="w/1", campaign=tag)
+    ledger.commit(first.key, claim.token, {"id": "f0"}, retention_s=RETENTION_S)
+    assert store.state_counts("camp-again")[State.DONE.value] == 1
