@@ -11,7 +11,6 @@ ones are listed, never "un-sent".
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -26,6 +25,7 @@ from dedupe import (
     Effect,
     IdentityError,
     MessageError,
+    RecordTooLargeError,
     SubmitStatus,
     campaign_tag,
     canonical_bytes,
@@ -171,24 +171,18 @@ def _plan_ttl_s(tool: EffectTool) -> float:
     return tool.spec.retention_s + tool.spec.provider_window_s
 
 
-def _request_bytes(effect: Effect) -> int:
-    """The size of the request a worker's claim stores, and bounds (Ledger.claim)."""
-    request = {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
-    text = json.dumps(request, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
-    return len(text.encode("utf-8"))
-
-
 def _reject_oversized(
     effects: dict[str, Effect], index_of: dict[str, int], report: CampaignReport
 ) -> None:
-    """A worker would dead-letter a request over the ledger's bound: refuse it here."""
-    limit = runtime.ledger().max_request_bytes
-    for key in [k for k, e in effects.items() if _request_bytes(e) > limit]:
-        size = _request_bytes(effects.pop(key))
-        report.rejected.append(
-            {"index": index_of[key], "reason": f"request is {size} bytes, over the "
-             f"{limit}-byte bound a worker enforces"}
-        )  # fmt: skip
+    """A request no worker could claim (over the ledger's bound) is refused per recipient
+    here; Ledger.submit_many would refuse the whole batch."""
+    ledger = runtime.ledger()
+    for key, effect in list(effects.items()):
+        try:
+            ledger.request_text(effect)
+        except RecordTooLargeError as exc:
+            del effects[key]
+            report.rejected.append({"index": index_of[key], "reason": exc.message})
 
 
 def _approve(
