@@ -204,7 +204,11 @@ def test_ledger_state_basics_over_tls_as_the_acl_user(ledger: Ledger) -> None:
     assert not ledger.mark_unknown(stale.key, takeover.token, reason="lookup unavailable").fenced
     assert ledger.keys_in(State.UNKNOWN) == [stale.key]
     assert effect.key in ledger.keys_in(State.DONE)  # SCAN
-    ledger.operate(stale.key, "resolve_failed", note="operator", retention_s=RETENTION_S)
+    # The late receipt is evidence of execution: only an explicit override resolves it so.
+    ledger.operate(
+        stale.key, "resolve_failed", note="operator", retention_s=RETENTION_S,
+        override_evidence=True,
+    )  # fmt: skip
     entry = ledger.audit(action="resolve", key=stale.key, actor="ops", reason="checked")
     assert ledger.audit_log()[0]["id"] == entry
     ledger.dead_letter(message_id="m-2", tool="charge", key=charge().key, reason="bad")
