@@ -31,7 +31,16 @@ from typing import Annotated, Any, Literal
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+)
 
 from dedupe import (
     Claim,
@@ -78,6 +87,18 @@ class Envelope(BaseModel):
     # The generation the message was submitted for (the ledger's submit answer): after a
     # revoke, only a message submitted later opens the next generation.
     g: Annotated[int, Field(ge=0)] = 0
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Leave the optional fields out at their defaults: a worker of the previous release
+        # (extra="forbid", no `g`) still accepts every message but a post-revoke submission
+        # during a rolling upgrade.
+        data: dict[str, Any] = handler(self)
+        if data.get("g") == 0:
+            del data["g"]
+        if data.get("campaign") is None:
+            data.pop("campaign", None)
+        return data
 
     @classmethod
     def of(cls, effect: Effect, campaign: str | None = None, generation: int = 0) -> Envelope:

@@ -21,3 +21,10 @@ def test_a_message_without_a_generation_was_submitted_for_generation_zero() -> N
 def test_a_generation_is_a_non_negative_integer(g: object) -> None:
     with pytest.raises(ValidationError):
         Envelope.model_validate({**GOOD, "g": g})
+
+
+def test_an_envelope_at_its_defaults_reads_as_the_previous_release_wrote_it() -> None:
+    # A worker of the previous release forbids unknown fields: during a rolling upgrade only
+    # a post-revoke submission (g > 0) may carry the new field.
+    assert Envelope.model_validate(GOOD).model_dump() == GOOD
+    assert Envelope.model_validate({**GOOD, "g": 2}).model_dump() == {**GOOD, "g": 2}
