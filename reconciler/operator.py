@@ -103,7 +103,11 @@ class Operator:
             )
             self._audit("replay", key, actor, reason, f"refused: {message}")
             raise TransitionRefusedError(message, key=key, state=record.state.value)
-        status = enqueue(record)
+        try:
+            status = enqueue(record)
+        except OperatorError as exc:
+            self._audit("replay", key, actor, reason, f"refused: {exc.message}")
+            raise
         self._audit("replay", key, actor, reason, status)
         return status
 

@@ -5,7 +5,11 @@ revoke may run the effect again; a message queued before it is a duplicate."""
 
 from __future__ import annotations
 
-from dedupe import State, idempotency_key
+import dataclasses
+
+import pytest
+
+from dedupe import OperatorError, State, idempotency_key
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import Envelope, get_tool, runtime, submit, submit_campaign
 from workers.api import verbs
@@ -65,3 +69,22 @@ def test_a_campaign_resubmitted_after_a_revoke_sends_the_next_generation(
     wait_for(lambda: broker_messages(fenceless) == DRAINED, what="fan-out acked", timeout=60)
     stats = fenceless.stats()
     assert stats["executions"] == {keys[0]: 1, idempotency_key(keys[0], 1): 1, keys[1]: 1}
+
+
+def test_a_replay_whose_stored_request_no_longer_derives_its_key_is_refused(
+    live: LocalStack,
+) -> None:
+    tool = get_tool("charge")
+    # A record written under a declaration that has since changed: its stored request now
+    # derives another key. Replaying it would run a fresh effect nobody approved.
+    real = tool.derive("order-moved", ARGS)
+    other = tool.derive("order-elsewhere", ARGS)
+    stored = dataclasses.replace(real, key=other.key)
+    ledger = runtime.ledger()
+    claim = ledger.claim(stored, lease_s=30, holder="test")
+    ledger.commit(other.key, claim.token, {"id": "ch_moved"}, retention_s=3600)
+    verbs.revoke(other.key, actor="sre", reason="refunded")
+    with pytest.raises(OperatorError, match="no longer derives this key"):
+        verbs.replay(other.key, actor="sre", reason="charge again")
+    assert ledger.audit_log()[0]["outcome"].startswith("refused: replay refused")
+    assert broker_messages(live) == DRAINED

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dedupe import MessageError, Write
+from dedupe import MessageError, OperatorError, Write
 
 if TYPE_CHECKING:
     from dedupe import EffectRecord
@@ -116,11 +116,22 @@ def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
     from ..producer import submit
 
     def enqueue(record: EffectRecord) -> str:
+        from ..tool import get_tool
+
         request = record.request or {}
-        handle = submit(
-            record.tool, scope=request["scope"], action=request.get("action"), **request["args"]
-        )
-        return handle.status.value
+        scope, args = request.get("scope"), request.get("args")
+        if not isinstance(scope, str) or not isinstance(args, dict):
+            raise OperatorError("replay refused: the stored request is incomplete", key=key)
+        tool = get_tool(record.tool)
+        # The stored request must still name this effect: a tool whose declaration changed
+        # since would replay under another key, a fresh effect nobody approved.
+        if tool.derive(scope, args, request.get("action")).key != key:
+            raise OperatorError(
+                "replay refused: the stored request no longer derives this key (the tool's "
+                "declaration changed); submit the call anew",
+                key=key,
+            )
+        return submit(tool, scope=scope, action=request.get("action"), **args).status.value
 
     status = operator().replay(key, actor=actor, reason=reason, enqueue=enqueue)
     return {"key": key, "status": status}
