@@ -4,8 +4,9 @@ processes and a reconciler process, each serving its own endpoint.
 The run: 16 charges with the sandbox's own idempotency off (its execution count is the
 ground truth), one worker process SIGKILLed while it sleeps at the ``before_commit``
 failpoint (its effect executed, not recorded: the reconciler finds it), duplicates at
-submit and at claim, a conflict at each stage, and an effect the reconciler must leave
-UNKNOWN. Then:
+submit and at claim, a conflict at each stage, and an expired claim of a tool the
+reconciler does not declare (left alone, counted; made UNKNOWN by one that declares it).
+Then:
 
 * each scrape passes ``promtool check metrics`` and carries only allowlisted labels;
 * the counters, summed over the pool's worker processes (the killed one included), equal
@@ -38,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from dedupe import EffectRecord, Ledger, State, ToolSpec, derive
+from reconciler import Reconciler
 from tests.support.requires import need_binary
 from tests.support.stack import SANDBOX_DEFAULTS, broker_messages, wait_for, wait_states
 from workers import get_tool, metrics, runtime, submit
@@ -165,17 +167,22 @@ def run(stack: LocalStack) -> Iterator[Run]:
         changed = {**ARGS, "amount": "99.00"}
         assert submit("charge", scope=charge_scope(0), **changed).status is Status.CONFLICT
         tool.actor.send(Envelope.of(tool.derive(charge_scope(1), changed)).model_dump())
-        # An effect of a tool no reconciler knows: UNKNOWN at once.
-        ghost = derive(ToolSpec(name="ghost", identity=("x",)), "ghost-1", {"x": "1"})
+        # An expired claim of a tool the reconciler process does not declare: left alone
+        # there and counted; then one that declares it (no lookup) makes it UNKNOWN.
+        ghost_spec = ToolSpec(name="ghost", identity=("x",))
+        ghost = derive(ghost_spec, "ghost-1", {"x": "1"})
         ledger.claim(ghost, lease_s=0.2, holder="gone/1")
         wait_for(lambda: broker_messages(stack) == {"live": 0, "delayed": 0, "dead": 1},
                  what="duplicates acked, conflict dead-lettered", timeout=60)  # fmt: skip
-        wait_states(ledger, [ghost.key], {State.UNKNOWN}, timeout=30)
-        wait_for(
-            lambda: total(samples(_scrape(reconciler_port)), "effectq_reconciler_resolutions_total",
-                          tool="ghost", resolution="unknown") == 1,
-            what="the reconciler's count of the UNKNOWN",
-        )  # fmt: skip
+
+        def unowned() -> float:
+            return total(samples(_scrape(reconciler_port)), "effectq_reconciler_unowned_claims",
+                         tool="ghost")  # fmt: skip
+
+        wait_for(lambda: unowned() == 1, what="the reconciler leaving the ghost's claim alone")
+        assert ledger.get(ghost.key).state is State.CLAIMED  # type: ignore[union-attr]
+        assert Reconciler(ledger, {"ghost": ghost_spec}).reconcile(ghost.key) == "unknown"
+        wait_for(lambda: unowned() == 0, what="the ghost's claim no longer left alone")
         yield Run(
             stack=stack, worker_port=worker_port, reconciler_port=reconciler_port,
             workers=_scrape(worker_port), reconciler=_scrape(reconciler_port), keys=keys,
@@ -213,7 +220,9 @@ def test_counters_equal_what_the_sandbox_and_the_ledger_report(run: Run) -> None
                  resolution="found") == found  # fmt: skip
     assert total(r, "effectq_reconciler_resolutions_total", tool="charge",
                  resolution="not_executed") == not_executed  # fmt: skip
-    assert total(r, "effectq_reconciler_resolutions_total", tool="ghost", resolution="unknown") == 1
+    # The ghost's claim: left alone by this reconciler, resolved by one that declares it.
+    assert total(r, "effectq_reconciler_resolutions_total", tool="ghost") == 0
+    assert total(r, "effectq_reconciler_unowned_claims", tool="ghost") == 0
     assert total(w, "effectq_claim_duration_seconds_count", op="commit") == N - found
     # Duplicates and conflicts: the workers' own counts, the ledger's, the producer's.
     assert all(status is Status.DONE for status in run.resubmitted)
