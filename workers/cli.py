@@ -318,6 +318,17 @@ def _fraction(help: str) -> Any:
 
 Port = Annotated[int, typer.Option(metavar="PORT", min=0, max=65535)]
 
+_TOOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+
+
+def _tool(value: str) -> str:
+    """A tool's name as it is declared: checked here so that an unknown one, named back in
+    the refusal, is short and printable."""
+    if not _TOOL.fullmatch(value):
+        raise _Refused("must be a tool's name (letters, digits, _ . -; at most 100)")
+    return value
+
+
 Key = Annotated[str, typer.Argument(metavar="KEY", callback=_key, help="the effect's key")]
 Actor = Annotated[str, typer.Option(metavar="NAME", help="who acts (recorded in the audit stream)")]
 Reason = Annotated[str, typer.Option(metavar="TEXT", help="why (recorded in the audit stream)")]
@@ -496,7 +507,9 @@ def worker(
 
 @app.command()
 def submit(
-    tool: Annotated[str, typer.Argument(metavar="TOOL", help="a tool in EFFECTQ_TOOLS")],
+    tool: Annotated[
+        str, typer.Argument(metavar="TOOL", callback=_tool, help="a tool in EFFECTQ_TOOLS")
+    ],
     scope: Annotated[
         str, typer.Option(metavar="ID", help="the trigger: event, order or campaign id")
     ],

@@ -227,6 +227,14 @@ def test_bad_json_for_receipt_and_arg_is_refused_in_one_line(text: str) -> None:
         assert_one_line_refusal(run(submit), secret="secret")
 
 
+@pytest.mark.parametrize(
+    "tool", ["secret tool", "secret\u200btool", "s" + "ecret" * 50_000, "\uff53ecret", "-secret"]
+)
+def test_a_tool_name_that_cannot_be_one_is_refused_without_echoing_it(tool: str) -> None:
+    result = run(["submit", "--scope", "s", "--", tool])
+    assert_one_line_refusal(result, secret="ecret")
+
+
 def test_a_malformed_setting_is_refused_without_its_value() -> None:
     result = run(["inspect", KEY], EFFECTQ_METRICS_PORT="secret-port-value")
     line = assert_one_line_refusal(result, secret="secret-port-value")
