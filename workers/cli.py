@@ -205,6 +205,7 @@ app = typer.Typer(
     help="At-most-once side effects from a Dramatiq queue.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     add_completion=False,
     context_settings=_HELP,
 )
@@ -433,14 +434,17 @@ def sandbox(
         bool,
         typer.Option(
             "--lookup/--no-lookup",
-            help="answer lookups by idempotency key (off: 404 for every lookup)",
+            show_default=False,
+            help="answer lookups by idempotency key (default), or 404 to every lookup",
         ),
     ] = True,
     provider_idempotency: Annotated[
         bool,
         typer.Option(
             "--provider-idempotency/--no-provider-idempotency",
-            help="deduplicate by idempotency key as real providers do (off: effectq alone)",
+            show_default=False,
+            help="deduplicate by idempotency key as real providers do (default), or leave "
+            "it to effectq alone",
         ),
     ] = True,
     seed: Annotated[int | None, typer.Option(metavar="INTEGER", help="seed of the faults")] = None,
@@ -760,6 +764,7 @@ def replay(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> Non
 
 
 campaign_app = typer.Typer(
+    rich_markup_mode=None,
     help="Campaign batches: frozen plans, fan-out, status.",
     no_args_is_help=True,
     context_settings=_HELP,

@@ -114,7 +114,7 @@ def _modules_after(argv: list[str]) -> set[str]:
         "    app(sys.argv[1:])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+        "print('MODULES', *sorted({m.split('.')[0] for m in sys.modules}))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, *argv],
@@ -123,7 +123,8 @@ def _modules_after(argv: list[str]) -> set[str]:
         text=True,
         timeout=60,
     )
-    return set(done.stdout.split()[-200:])
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("MODULES ")]
+    return set(line.split()[1:])
 
 
 def test_help_imports_none_of_effectq_runtime() -> None:
