@@ -133,10 +133,17 @@ def _reason(exc: BaseException) -> tuple[int, str]:
         return 2, "input nested too deeply"
     if isinstance(exc, UnicodeError):
         return 2, "input is not valid UTF-8 text"
-    if isinstance(exc, ValueError | ArithmeticError | TypeError):
+    if isinstance(exc, ValueError | ArithmeticError):
         return 2, f"invalid input ({type(exc).__name__})"
-    if isinstance(exc, OSError):
-        return 7, f"{type(exc).__name__}: {exc.strerror or 'I/O error'}"
+    # A broker (or a Redis) that went away under a verb: its client's error, by name only
+    # (its text may carry an address with credentials).
+    unavailable = tuple(
+        getattr(sys.modules[module], name)
+        for module, name in (("redis", "RedisError"), ("dramatiq.errors", "BrokerConnectionError"))
+        if hasattr(sys.modules.get(module), name)
+    )
+    if isinstance(exc, (OSError, *unavailable)):
+        return 7, f"ledger or broker unavailable ({type(exc).__name__})"
     return 1, f"internal error ({type(exc).__module__}.{type(exc).__qualname__})"
 
 

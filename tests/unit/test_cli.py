@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from workers.cli import RECONCILER_METRICS_PORT, app, reconciler_metrics_port
+from workers.redis_server import RedisServer
 from workers.settings import Settings
 
 UNREACHABLE = {
@@ -245,6 +246,13 @@ def test_a_malformed_setting_is_refused_without_its_value() -> None:
 def test_an_unreachable_ledger_is_one_line_and_exit_7() -> None:
     assert_one_line_refusal(run(["inspect", KEY]), code=7)
     assert_one_line_refusal(run(["list"]), code=7)
+
+
+def test_an_unreachable_broker_is_one_line_and_exit_7(shared_redis_server: RedisServer) -> None:
+    argv = ["submit", "send_email", "--scope", "s", "--arg", "recipient=secret@x.example"]
+    ledger = f"redis://127.0.0.1:{shared_redis_server.port}/0"
+    line = assert_one_line_refusal(run(argv, EFFECTQ_REDIS_URL=ledger), secret="secret", code=7)
+    assert "unavailable" in line
 
 
 def test_an_unknown_option_or_command_is_one_line() -> None:
