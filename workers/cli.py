@@ -205,7 +205,7 @@ def _plain_help() -> None:
 
 _plain_help()
 
-_HELP = {"help_option_names": ["-h", "--help"]}
+_HELP = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
 app = typer.Typer(
     name="effectq",
     cls=_Cli,
