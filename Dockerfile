@@ -1,19 +1,33 @@
-# The image charts/effectq runs: `effectq worker`, `effectq reconciler` and the operator
-# verbs. Minimal, and not built by this repository's CI (no container engine there).
+# The image charts/effectq runs: `effectq worker`, `effectq reconciler`, `effectq api` and the
+# operator verbs. tests/image builds it on a Debian bookworm base and runs it the way the
+# chart does (uid 10001, read-only root, /tmp and the metrics directory as tmpfs).
 #   docker build -t REGISTRY/effectq:0.1.0 .
-FROM python:3.11-slim
+#   podman build --build-arg BASE=localhost/bookworm-python3 .   (any base with python3 -m venv)
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/effectq/bin:$PATH
 
+# A builder behind a TLS-inspecting proxy or with a package mirror passes its pip settings
+# (e.g. `-v /etc/ssl/certs:/certs:ro --build-arg PIP_CERT=/certs/ca-certificates.crt`); build
+# arguments reach the RUN below as environment and are not kept in the image.
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+# A venv of its own: Debian's python3 has no pip and refuses installs into the system
+# (PEP 668), and the result is the same on python:3.11-slim.
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY dedupe ./dedupe
 COPY workers ./workers
 COPY reconciler ./reconciler
-RUN pip install '.[fast]' && rm -rf /src
+RUN python3 -m venv /opt/effectq \
+    && /opt/effectq/bin/pip install '.[fast]' \
+    && rm -rf /src
 
 # The chart runs the pod as this uid (podSecurityContext.runAsUser) on a read-only root
 # filesystem, with /tmp and the metrics directory as emptyDir volumes.

@@ -1,7 +1,35 @@
-"""The reconciler: resolves expired claims against provider lookups."""
+"""The reconciler: resolves expired claims against provider lookups.
 
-from .lookups import HttpLookup
-from .operator import Operator
-from .reconciler import Decision, Reconciler, decide
+The names below are imported on first use (PEP 562): the operator verbs need the
+``Operator`` without the HTTP client the lookups bring.
+"""
 
-__all__ = ["Decision", "HttpLookup", "Operator", "Reconciler", "decide"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .lookups import HttpLookup as HttpLookup
+    from .operator import Operator as Operator
+    from .reconciler import Decision as Decision
+    from .reconciler import Reconciler as Reconciler
+    from .reconciler import decide as decide
+
+_WHERE = {
+    "Decision": "reconciler",
+    "HttpLookup": "lookups",
+    "Operator": "operator",
+    "Reconciler": "reconciler",
+    "decide": "reconciler",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,22 +1,53 @@
-"""Dramatiq integration: tool declaration, the producer API, the worker path, the CLI."""
+"""Dramatiq integration: tool declaration, the producer API, the worker path, the CLI.
 
-from .campaign import CampaignReport, campaign_status, submit_campaign
-from .producer import Handle, Status, WaitTimeout, submit
-from .tool import EffectCall, EffectTool, Envelope, RetryLater, ToolResult, effect_tool, get_tool
+The names below are imported on first use (PEP 562), so ``effectq --help`` and the
+operator verbs do not pay for Dramatiq, the campaign code and the metrics they never run.
+"""
 
-__all__ = [
-    "CampaignReport",
-    "EffectCall",
-    "EffectTool",
-    "Envelope",
-    "Handle",
-    "RetryLater",
-    "Status",
-    "ToolResult",
-    "WaitTimeout",
-    "campaign_status",
-    "effect_tool",
-    "get_tool",
-    "submit",
-    "submit_campaign",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .campaign import CampaignReport as CampaignReport
+    from .campaign import campaign_status as campaign_status
+    from .campaign import submit_campaign as submit_campaign
+    from .producer import Handle as Handle
+    from .producer import Status as Status
+    from .producer import WaitTimeout as WaitTimeout
+    from .producer import submit as submit
+    from .tool import EffectCall as EffectCall
+    from .tool import EffectTool as EffectTool
+    from .tool import Envelope as Envelope
+    from .tool import RetryLater as RetryLater
+    from .tool import ToolResult as ToolResult
+    from .tool import effect_tool as effect_tool
+    from .tool import get_tool as get_tool
+
+_WHERE = {
+    "CampaignReport": "campaign",
+    "campaign_status": "campaign",
+    "submit_campaign": "campaign",
+    "Handle": "producer",
+    "Status": "producer",
+    "WaitTimeout": "producer",
+    "submit": "producer",
+    "EffectCall": "tool",
+    "EffectTool": "tool",
+    "Envelope": "tool",
+    "RetryLater": "tool",
+    "ToolResult": "tool",
+    "effect_tool": "tool",
+    "get_tool": "tool",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

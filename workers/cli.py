@@ -1,114 +1,463 @@
 """The ``effectq`` command line (DESIGN §8).
 
 ``--json`` prints one JSON document on stdout. Exit status 0 on success; otherwise
-non-zero with a one-line reason on stderr: 2 bad input, 3 conflict, 4 blocked, 5 timeout,
-6 not found, 7 ledger or broker unavailable, 8 refused by the state table.
+non-zero with a one-line reason on stderr, never a traceback and never the refused value:
+2 bad input, 3 conflict, 4 blocked, 5 timeout, 6 not found, 7 ledger or broker
+unavailable, 8 refused by the state table (1: the demo found an invariant broken, or a
+bug, named by its exception type).
+
+Start-up is kept short (``effectq --help``, an operator polling ``inspect``): this module
+imports typer and nothing of effectq's; each verb imports what it runs when it runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
+import math
+import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.table import Table
+import typer.core
 
-from dedupe import (
-    ConflictError,
-    EffectqError,
-    LedgerUnavailableError,
-    OperatorError,
-    State,
-    TransitionRefusedError,
-)
-
-from .settings import settings
+# typer ≥ 0.29 carries its own copy of click (the click package is not what it raises).
+from typer._click import core as click_core
+from typer._click import exceptions as click
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from dedupe import EffectRecord, Ledger
     from reconciler import Operator
 
-app = typer.Typer(
-    name="effectq",
-    help="At-most-once side effects from a Dramatiq queue.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+    from .settings import Settings
+
+# A worker pool's supervisor serves metrics on EFFECTQ_METRICS_PORT (default 9191); a
+# reconciler on the same host would collide with it, so unless that variable (or
+# --metrics-port) names a port the reconciler takes the next one.
+RECONCILER_METRICS_PORT = 9192
 
 
 def fail(code: int, reason: str) -> NoReturn:
-    err.print(f"effectq: {reason}", markup=False)
+    """One line on stderr, then exit ``code``; ``reason`` never carries a refused value."""
+    sys.stderr.write(f"effectq: {reason}\n")
+    sys.stderr.flush()
     raise typer.Exit(code)
 
 
-@contextmanager
-def errors() -> Iterator[None]:
-    """One mapping from effectq's error tree to exit codes, for every command."""
-    from .producer import WaitTimeout
+class _Refused(click.BadParameter):
+    """A parameter refused with a message of ours (it names the parameter, not the value)."""
 
-    try:
-        yield
-    except WaitTimeout as exc:
-        fail(5, exc.message)
-    except LedgerUnavailableError as exc:
-        fail(7, exc.message)
-    except TransitionRefusedError as exc:
-        fail(8, exc.message)
-    except OperatorError as exc:
-        fail(6 if exc.message.startswith("no effect") else 2, exc.message)
-    except ConflictError as exc:  # a campaign re-submitted with a changed list or arguments
-        fail(3, exc.message)
-    except EffectqError as exc:
-        fail(2, exc.message)
+
+def _usage_reason(exc: click.UsageError) -> str:
+    """A click usage error in words that never quote what was typed: click's own messages
+    repeat the value ("'abc' is not a valid float")."""
+    path = exc.ctx.command_path if exc.ctx is not None else "effectq"
+    where = path.partition(" ")[2] or "effectq"
+    if isinstance(exc, _Refused):
+        hint = f"{exc.param.get_error_hint()}: " if exc.param is not None else ""
+        return f"{where}: {hint}{exc.message}"
+    if isinstance(exc, click.MissingParameter):
+        if exc.param is None:
+            return f"{where}: a parameter is missing (see {path} -h)"
+        return f"{where}: {exc.param.get_error_hint()} is required (see {path} -h)"
+    if isinstance(exc, click.BadParameter):
+        param = exc.param
+        if param is None:
+            return f"{where}: invalid value"
+        kind = param.display_type(exc.ctx).strip("<>") if exc.ctx is not None else "value"
+        kind = {"int": "integer", "float": "number", "str": "text"}.get(kind, kind)
+        return f"{where}: {param.get_error_hint()}: not a valid {kind} (see {path} -h)"
+    if isinstance(exc, click.NoSuchOption):
+        shown = exc.option_name if _OPTION_NAME.fullmatch(exc.option_name) else "that option"
+        return f"{where}: no such option {shown} (see {path} -h)"
+    if isinstance(exc, click.BadOptionUsage):
+        shown = exc.option_name if _OPTION_NAME.fullmatch(exc.option_name) else "an option"
+        return f"{where}: {shown} needs a value (see {path} -h)"
+    text = exc.format_message()
+    if text.startswith("No such command"):
+        return f"{where}: no such command (see {path} -h)"
+    if "extra argument" in text:
+        return f"{where}: unexpected extra arguments (see {path} -h)"
+    return f"{where}: bad usage (see {path} -h)"
+
+
+_OPTION_NAME = re.compile(r"--?[A-Za-z][A-Za-z0-9-]{0,40}")
+
+
+def _validation_reason(exc: ValidationError, what: str) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(map(str, first["loc"])) or "value"
+    more = exc.error_count() - 1
+    return f"{what}: {where}: {first['msg']}" + (f" (+{more} more)" if more else "")
+
+
+def _reason(exc: BaseException) -> tuple[int, str]:
+    """effectq's error tree and the bad-input errors of the libraries under it, as an exit
+    code and one line. Messages of effectq errors are written never to echo a value;
+    others are named by their kind only."""
+    from pydantic import ValidationError
+
+    from dedupe import (
+        ConflictError,
+        EffectqError,
+        LedgerUnavailableError,
+        OperatorError,
+        TransitionRefusedError,
+    )
+
+    # Only a verb that imported the producer can raise its WaitTimeout (and importing it
+    # here would load the worker path on every refusal).
+    producer = sys.modules.get("workers.producer")
+    if producer is not None and isinstance(exc, producer.WaitTimeout):
+        return 5, str(exc.message)
+    if isinstance(exc, LedgerUnavailableError):
+        return 7, exc.message
+    if isinstance(exc, TransitionRefusedError):
+        return 8, exc.message
+    if isinstance(exc, OperatorError):
+        return (6 if exc.message.startswith("no effect") else 2), exc.message
+    if isinstance(exc, ConflictError):  # a campaign re-submitted with other list or args
+        return 3, exc.message
+    if isinstance(exc, EffectqError):
+        return 2, exc.message
+    if isinstance(exc, ValidationError):  # EFFECTQ_* settings, a campaign file
+        return 2, _validation_reason(exc, exc.title)
+    if isinstance(exc, json.JSONDecodeError):
+        return 2, f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return 2, "input nested too deeply"
+    if isinstance(exc, UnicodeError):
+        return 2, "input is not valid UTF-8 text"
+    if isinstance(exc, ValueError | ArithmeticError):
+        return 2, f"invalid input ({type(exc).__name__})"
+    # A broker (or a Redis) that went away under a verb: its client's error, by name only
+    # (its text may carry an address with credentials).
+    unavailable = tuple(
+        getattr(sys.modules[module], name)
+        for module, name in (("redis", "RedisError"), ("dramatiq.errors", "BrokerConnectionError"))
+        if hasattr(sys.modules.get(module), name)
+    )
+    if isinstance(exc, (OSError, *unavailable)):
+        return 7, f"ledger or broker unavailable ({type(exc).__name__})"
+    return 1, f"internal error ({type(exc).__module__}.{type(exc).__qualname__})"
+
+
+class _Cli(typer.core.TyperGroup):
+    """The one boundary where any failure of a verb becomes an exit code and one line."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click_core.Context | None = None,
+        **extra: Any,
+    ) -> click_core.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            fail(2, _usage_reason(exc))
+
+    def invoke(self, ctx: click_core.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, click.NoArgsIsHelpError):
+            raise
+        except click.UsageError as exc:
+            fail(2, _usage_reason(exc))
+        except KeyboardInterrupt:
+            fail(130, "interrupted")
+        except Exception as exc:
+            fail(*_reason(exc))
+
+
+def _plain_help() -> None:
+    """Help that reads as words: typer ≥ 0.22 labels every parameter with its Python type
+    (``<str>``, ``<bool>`` on a flag) and wraps a required argument in braces in the usage
+    line. Here a flag shows no type, a valued option its metavar (or TEXT, INTEGER, …), an
+    argument its name."""
+    words = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "bool": "BOOLEAN"}
+
+    def display(self: Any, ctx: click_core.Context) -> str | None:
+        if getattr(self, "is_flag", False) or isinstance(self, typer.core.TyperArgument):
+            return None
+        if self.metavar is not None:
+            return str(self.metavar)
+        name = str(self.display_type(ctx)).strip("<>")
+        return words.get(name, name.upper())
+
+    def usage(self: Any) -> str:
+        name = str(self.metavar or self.name.upper())
+        return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+    for cls in (typer.core.TyperOption, typer.core.TyperArgument):
+        if hasattr(cls, "display_type_rich"):
+            cls.display_type_rich = display  # type: ignore[method-assign]
+    if hasattr(typer.core.TyperArgument, "_usage_display_name"):
+        typer.core.TyperArgument._usage_display_name = usage  # type: ignore[method-assign]
+
+
+_plain_help()
+
+_HELP = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
+app = typer.Typer(
+    name="effectq",
+    cls=_Cli,
+    help="At-most-once side effects from a Dramatiq queue.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    add_completion=False,
+    context_settings=_HELP,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"effectq {version('effectq')}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    pass
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+@cache
+def out() -> Console:
+    """stdout for a person: rich where it is a terminal, plain text (no colour, no
+    cursor movement, no wrapping at 80 columns) where it is a pipe or a file."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+@cache
+def err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def emit(document: Any) -> None:
+    """``--json``: one JSON document on stdout, nothing else there."""
     sys.stdout.write(json.dumps(document, sort_keys=True, default=str) + "\n")
 
 
+def words(mapping: dict[str, Any]) -> str:
+    """``{'enqueued': 210, 'pending': 90}`` as ``enqueued 210, pending 90``."""
+    return ", ".join(f"{name} {value}" for name, value in mapping.items()) or "none"
+
+
+def table(headers: Iterable[str], rows: Iterable[Iterable[str]]) -> None:
+    """A rich table on a terminal; tab-separated lines (a header first) elsewhere."""
+    headers = list(headers)
+    console = out()
+    if not console.is_terminal:
+        for row in [headers, *rows]:
+            sys.stdout.write("\t".join(row) + "\n")
+        return
+    from rich.table import Table
+
+    grid = Table(*headers, box=None)
+    for row in rows:
+        grid.add_row(*row)
+    console.print(grid)
+
+
+def line(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+# -- parameters ----------------------------------------------------------------------------
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _key(value: str) -> str:
+    """An effect key as the ledger writes it: 64 lowercase hex digits (DESIGN §2)."""
+    if not _KEY.fullmatch(value):
+        raise _Refused("KEY must be an effect key: 64 lowercase hex digits (see effectq list)")
+    return value
+
+
+def _bounded(low: float, high: float, *, low_open: bool = False) -> Callable[[Any], Any]:
+    """A check for a number option: finite and within [low, high] (``low`` excluded with
+    ``low_open``). NaN and infinities pass the range checks typer has, so say it here."""
+    shown = f"{'above' if low_open else 'at least'} {low:g} and at most {high:g}"
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        above = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above and value <= high):
+            raise _Refused(f"must be a number {shown}")
+        return value
+
+    return check
+
+
+YEAR_S = 366 * 86400.0
+
+
+def _seconds(help: str) -> Any:
+    return typer.Option(metavar="SECONDS", callback=_bounded(0, YEAR_S, low_open=True), help=help)
+
+
+def _fraction(help: str) -> Any:
+    return typer.Option(metavar="FRACTION", callback=_bounded(0, 1), help=help)
+
+
+Port = Annotated[int, typer.Option(metavar="PORT", min=0, max=65535)]
+
+_TOOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+
+
+def _tool(value: str) -> str:
+    """A tool's name as it is declared: checked here so that an unknown one, named back in
+    the refusal, is short and printable."""
+    if not _TOOL.fullmatch(value):
+        raise _Refused("must be a tool's name (letters, digits, _ . -; at most 100)")
+    return value
+
+
+Key = Annotated[str, typer.Argument(metavar="KEY", callback=_key, help="the effect's key")]
+Actor = Annotated[str, typer.Option(metavar="NAME", help="who acts (recorded in the audit stream)")]
+Reason = Annotated[str, typer.Option(metavar="TEXT", help="why (recorded in the audit stream)")]
+Json = Annotated[bool, typer.Option("--json", help="print one JSON document")]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        metavar="PORT",
+        min=0,
+        max=65535,
+        help="metrics port, 0 for none [default: EFFECTQ_METRICS_PORT]",
+    ),
+]
+
+
 def load_tools() -> None:
+    import importlib
+
+    from .settings import settings
+
     module = settings().tools
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        fail(2, f"cannot import EFFECTQ_TOOLS={module!r}: {exc}")
+        name = exc.name if exc.name and _MODULE.fullmatch(exc.name) else "a module"
+        fail(2, f"cannot import the tools module EFFECTQ_TOOLS (missing {name})")
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,100}")
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json(text: str, what: str) -> Any:
+    """Strict JSON (no NaN or Infinity, which Python's parser accepts), or exit 2."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        fail(2, f"{what}: not JSON ({exc.msg} at column {exc.colno})")
+    except (ValueError, RecursionError):
+        fail(2, f"{what}: not JSON (NaN, Infinity, nesting too deep or a number too long)")
 
 
 def _parse_args(pairs: list[str]) -> dict[str, Any]:
     args: dict[str, Any] = {}
-    for pair in pairs:
+    for n, pair in enumerate(pairs, 1):
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            fail(2, f"--arg {pair!r}: expected NAME=VALUE (or NAME:=JSON)")
+            fail(2, f"--arg #{n}: expected NAME=VALUE (or NAME:=JSON)")
         if name.endswith(":"):
-            try:
-                args[name[:-1]] = json.loads(value)
-            except (ValueError, RecursionError) as exc:
-                fail(2, f"--arg {name[:-1]}: not JSON ({str(exc)[:80]})")
+            args[name[:-1]] = _json(value, f"--arg #{n}")
         else:
             args[name] = value
     return args
 
 
+def _ledger() -> Ledger:
+    from .settings import ledger_from_settings
+
+    return ledger_from_settings()
+
+
+def _reader() -> Operator:
+    """The operator's reads need no tool declarations (nor Dramatiq): just the ledger."""
+    from reconciler.operator import Operator
+
+    return Operator(_ledger())
+
+
+def _operator() -> Operator:
+    from .api.verbs import operator
+
+    load_tools()
+    return operator()
+
+
+# -- verbs ---------------------------------------------------------------------------------
+
+
 @app.command()
 def sandbox(
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    fail_rate: float = 0.0,
-    drop_ack_rate: float = 0.0,
-    latency_ms: float = 0.0,
-    lookup_lag_s: float = 0.0,
-    no_lookup: bool = False,
-    no_provider_idempotency: bool = False,
-    seed: int | None = None,
-    state_file: str | None = None,
+    host: Annotated[str, typer.Option(metavar="ADDRESS")] = "127.0.0.1",
+    port: Port = 8765,
+    fail_rate: Annotated[float, _fraction("share of calls answered 503")] = 0.0,
+    drop_ack_rate: Annotated[
+        float, _fraction("share of executed calls whose answer is lost")
+    ] = 0.0,
+    latency_ms: Annotated[
+        float, typer.Option(metavar="MS", callback=_bounded(0, 600_000), help="added to every call")
+    ] = 0.0,
+    lookup_lag_s: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            callback=_bounded(0, YEAR_S),
+            help="how long a lookup misses a new effect",
+        ),
+    ] = 0.0,
+    lookup: Annotated[
+        bool,
+        typer.Option(
+            "--lookup/--no-lookup",
+            show_default=False,
+            help="answer lookups by idempotency key (default), or 404 to every lookup",
+        ),
+    ] = True,
+    provider_idempotency: Annotated[
+        bool,
+        typer.Option(
+            "--provider-idempotency/--no-provider-idempotency",
+            show_default=False,
+            help="deduplicate by idempotency key as real providers do (default), or leave "
+            "it to effectq alone",
+        ),
+    ] = True,
+    seed: Annotated[int | None, typer.Option(metavar="INTEGER", help="seed of the faults")] = None,
+    state_file: Annotated[
+        str | None, typer.Option(metavar="FILE", help="keep executions across restarts")
+    ] = None,
 ) -> None:
     """Run the sandbox provider (DESIGN §5)."""
     from pathlib import Path
@@ -121,8 +470,8 @@ def sandbox(
             drop_ack_rate=drop_ack_rate,
             latency_ms=latency_ms,
             lookup_lag_s=lookup_lag_s,
-            lookup_enabled=not no_lookup,
-            provider_idempotency=not no_provider_idempotency,
+            lookup_enabled=lookup,
+            provider_idempotency=provider_idempotency,
             seed=seed,
         )
     except ValueError as exc:
@@ -132,10 +481,19 @@ def sandbox(
 
 @app.command()
 def worker(
-    processes: Annotated[int, typer.Option("--processes", "-p")] = 2,
-    threads: Annotated[int, typer.Option("--threads", "-t")] = 8,
-    queues: Annotated[list[str] | None, typer.Option("--queues", "-Q")] = None,
-    shutdown_timeout_ms: int = 600_000,
+    processes: Annotated[int, typer.Option("--processes", "-p", metavar="N", min=1, max=256)] = 2,
+    threads: Annotated[int, typer.Option("--threads", "-t", metavar="N", min=1, max=1024)] = 8,
+    queues: Annotated[
+        list[str] | None,
+        typer.Option("--queues", "-Q", metavar="QUEUE", help="repeat for several"),
+    ] = None,
+    shutdown_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            metavar="MS", min=0, max=86_400_000, help="how long SIGTERM waits for running calls"
+        ),
+    ] = 600_000,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run a supervised pool of Dramatiq worker processes for the tools in EFFECTQ_TOOLS."""
     import logging
@@ -144,41 +502,49 @@ def worker(
     from .supervisor import Supervisor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    with errors():
-        runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
+    from .settings import settings
+
+    runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
     pool = Supervisor(
         settings().tools,
         processes=processes,
         threads=threads,
         queues=queues or (),
         shutdown_timeout_ms=shutdown_timeout_ms,
+        metrics_port=metrics_port,
     )
     raise typer.Exit(pool.run())
 
 
 @app.command()
 def submit(
-    tool: str,
-    scope: Annotated[str, typer.Option(help="the trigger: event, order or campaign id")],
-    arg: Annotated[list[str] | None, typer.Option("--arg", help="NAME=VALUE or NAME:=JSON")] = None,
-    action: str | None = None,
-    wait: Annotated[float | None, typer.Option(help="seconds to wait for the receipt")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    tool: Annotated[
+        str, typer.Argument(metavar="TOOL", callback=_tool, help="a tool in EFFECTQ_TOOLS")
+    ],
+    scope: Annotated[
+        str, typer.Option(metavar="ID", help="the trigger: event, order or campaign id")
+    ],
+    arg: Annotated[
+        list[str] | None,
+        typer.Option("--arg", metavar="NAME=VALUE", help="repeat; NAME:=JSON for a JSON value"),
+    ] = None,
+    action: Annotated[str | None, typer.Option(metavar="NAME")] = None,
+    wait: Annotated[float | None, _seconds("wait for the receipt")] = None,
+    as_json: Json = False,
 ) -> None:
     """Submit one tool call (deduplicated before the broker)."""
     from .api.verbs import await_receipt, submit_call
     from .producer import Status
 
+    args = _parse_args(arg or [])
     load_tools()
-    with errors():
-        handle = submit_call(tool, scope=scope, action=action, args=_parse_args(arg or []))
-        if wait is not None:
-            await_receipt(handle, wait)
-    document = handle.as_dict()
+    handle = submit_call(tool, scope=scope, action=action, args=args)
+    if wait is not None:
+        await_receipt(handle, wait)
     if as_json:
-        emit(document)
+        emit(handle.as_dict())
     else:
-        out.print(f"{handle.status.value}  {handle.tool}  {handle.key}", markup=False)
+        line(f"{handle.status.value}  {handle.tool}  {handle.key}")
     if handle.status is Status.CONFLICT:
         fail(3, f"conflict: {handle.key} was recorded with other bound fields")
     if handle.status is Status.BLOCKED:
@@ -187,42 +553,54 @@ def submit(
 
 @app.command()
 def reconciler(
-    once: Annotated[bool, typer.Option(help="one pass over the lease indexes, then exit")] = False,
-    interval: Annotated[float, typer.Option(help="seconds between passes")] = 1.0,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    once: Annotated[bool, typer.Option("--once", help="one pass, then exit")] = False,
+    interval: Annotated[float, _seconds("between passes over the lease indexes")] = 1.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            metavar="PORT",
+            min=0,
+            max=65535,
+            help=f"metrics port, 0 for none [default: EFFECTQ_METRICS_PORT if set, "
+            f"else {RECONCILER_METRICS_PORT}]",
+        ),
+    ] = None,
+    as_json: Json = False,
 ) -> None:
     """Resolve expired claims against the providers' lookups (never enqueues work)."""
     import logging
     import signal
     import threading
 
-    from reconciler import Reconciler
+    from reconciler.reconciler import Reconciler
 
-    from . import runtime
+    from .settings import settings
     from .tool import TOOLS
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     load_tools()
-    with errors():
-        cfg = settings()
-        pool = Reconciler(
-            runtime.ledger(),
-            {name: t.spec for name, t in TOOLS.items()},
-            lease_s=cfg.reconciler_lease_s,
-            budget=cfg.reconciler_budget,
-            backoff_s=cfg.reconciler_backoff_s,
-        )
-        if once:
-            outcomes = pool.run_once()
-            if as_json:
-                emit(dict(outcomes))
-            return
+    cfg = settings()
+    pool = Reconciler(
+        _ledger(),
+        {name: t.spec for name, t in TOOLS.items()},
+        lease_s=cfg.reconciler_lease_s,
+        budget=cfg.reconciler_budget,
+        backoff_s=cfg.reconciler_backoff_s,
+    )
+    if once:
+        outcomes = pool.run_once()
+        if as_json:
+            emit(dict(outcomes))
+        else:
+            line(words(dict(outcomes)))
+        return
     from . import metrics
 
+    port = reconciler_metrics_port(cfg, metrics_port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server = metrics.serve()  # EFFECTQ_METRICS_HOST:EFFECTQ_METRICS_PORT; port 0 = none
+    server = metrics.serve(port)  # on EFFECTQ_METRICS_HOST; port 0: none
     try:
         pool.run(interval_s=interval, stop=stop)
     finally:
@@ -230,10 +608,23 @@ def reconciler(
             server.close()
 
 
+def reconciler_metrics_port(cfg: Settings, option: int | None) -> int:
+    """--metrics-port, else EFFECTQ_METRICS_PORT where it is set, else the reconciler's own
+    default (the worker pool has the settings' default)."""
+    if option is not None:
+        return option
+    return cfg.metrics_port if "metrics_port" in cfg.model_fields_set else RECONCILER_METRICS_PORT
+
+
 @app.command()
 def api(
-    host: Annotated[str | None, typer.Option(help="default EFFECTQ_API_HOST")] = None,
-    port: Annotated[int | None, typer.Option(help="default EFFECTQ_API_PORT")] = None,
+    host: Annotated[
+        str | None, typer.Option(metavar="ADDRESS", help="[default: EFFECTQ_API_HOST]")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(metavar="PORT", min=1, max=65535, help="[default: EFFECTQ_API_PORT]"),
+    ] = None,
     openapi: Annotated[
         bool, typer.Option("--openapi", help="print the OpenAPI document and exit")
     ] = False,
@@ -243,6 +634,7 @@ def api(
 
     from . import runtime
     from .api.app import create_app, openapi_document, serve
+    from .settings import settings
 
     if openapi:
         sys.stdout.write(json.dumps(openapi_document(), indent=2) + "\n")
@@ -251,148 +643,149 @@ def api(
     load_tools()
     try:
         application = create_app()
-    except ValueError as exc:
+    except ValueError as exc:  # EFFECTQ_API_TOKENS malformed: its message names no token
         fail(2, str(exc))
-    with errors():
-        runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
+    runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
     cfg = settings()
     serve(application, host=host or cfg.api_host, port=port or cfg.api_port)
 
 
-def _operator() -> Operator:
-    from .api.verbs import operator
-
-    load_tools()
-    return operator()
-
-
-Actor = Annotated[str, typer.Option(help="who acts (recorded in the audit stream)")]
-Reason = Annotated[str, typer.Option(help="why (recorded in the audit stream)")]
-Json = Annotated[bool, typer.Option("--json")]
-
-
 @app.command()
-def inspect(key: str, as_json: Json = False) -> None:
+def inspect(key: Key, as_json: Json = False) -> None:
     """Show one effect: state, token, receipt, raw response, late receipts, decisions."""
-    with errors():
-        record = _operator().inspect(key)
+    record = _reader().inspect(key)
     document = record.as_dict()
     if as_json:
         emit(document)
         return
-    rows = [(name, str(document[name])) for name in _INSPECT_FIELDS]
+    rows = [(name, _text(document[name])) for name in _INSPECT_FIELDS]
     rows.append(("receipt", json.dumps(document["receipt"])))
     rows += [
         ("late", f"token {r['token']} {json.dumps(r['receipt'])}") for r in record.late_receipts
     ]
     rows += [("history", f"{h.at_ms} {h.state} t{h.token} {h.note}") for h in record.history]
     for label, text in rows:
-        out.print(f"{label:>11}: {text}", markup=False)
+        line(f"{label:>11}: {text}")
 
 
 _INSPECT_FIELDS = ("key", "state", "tool", "token", "generation", "attempts", "reason", "holder")
 
 
+def _text(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
 @app.command(name="list")
 def list_(
     state: Annotated[
-        str | None, typer.Option(help="UNKNOWN (the work queue), CLAIMED, ...")
+        str | None, typer.Option(metavar="STATE", help="UNKNOWN (the work queue), CLAIMED, …")
     ] = None,
-    tool: str | None = None,
-    limit: int = 100,
+    tool: Annotated[str | None, typer.Option(metavar="TOOL")] = None,
+    limit: Annotated[int, typer.Option(metavar="N", min=1, max=10_000)] = 100,
     as_json: Json = False,
 ) -> None:
     """List effects by state (default: everything not yet settled)."""
+    from dedupe import State
+
     try:
         wanted = State(state.upper()) if state else None
     except ValueError:
-        fail(2, f"unknown state {state!r} (one of {', '.join(s.value for s in State)})")
-    with errors():
-        records = _operator().list(state=wanted, tool=tool, limit=limit)
+        fail(2, f"--state: not a state (one of {', '.join(s.value for s in State)})")
+    records: list[EffectRecord] = _reader().list(state=wanted, tool=tool, limit=limit)
     if as_json:
         emit([r.as_dict() for r in records])
         return
-    table = Table("key", "state", "tool", "token", "reason", box=None)
-    for r in records:
-        table.add_row(r.key, r.state.value, r.tool, str(r.token), r.reason)
-    out.print(table)
+    table(
+        ("key", "state", "tool", "token", "reason"),
+        ((r.key, r.state.value, r.tool, str(r.token), _text(r.reason)) for r in records),
+    )
 
 
 @app.command()
 def resolve(
-    key: str,
+    key: Key,
     actor: Actor,
     reason: Reason,
-    executed: Annotated[bool, typer.Option("--executed/--not-executed")] = ...,  # type: ignore[assignment]
-    receipt: Annotated[str | None, typer.Option(help="the provider's receipt, JSON")] = None,
-    override_evidence: bool = False,
+    executed: Annotated[
+        bool,
+        typer.Option(
+            "--executed/--not-executed",
+            help="the provider's evidence: it executed the call, or it never did",
+            show_default=False,
+        ),
+    ],
+    receipt: Annotated[
+        str | None, typer.Option(metavar="JSON", help="the provider's receipt (an object)")
+    ] = None,
+    override_evidence: Annotated[
+        bool,
+        typer.Option("--override-evidence", help="settle as not executed despite late receipts"),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Settle an UNKNOWN effect with evidence: --executed --receipt JSON, or --not-executed."""
     parsed = None
     if receipt is not None:
-        try:
-            parsed = json.loads(receipt)
-        except json.JSONDecodeError as exc:
-            fail(2, f"--receipt is not JSON ({exc.msg})")
+        parsed = _json(receipt, "--receipt")
         if not isinstance(parsed, dict):
-            fail(2, "--receipt must be a JSON object")
+            fail(2, "--receipt: must be a JSON object")
     from .api import verbs
 
     load_tools()
-    with errors():
-        document = verbs.resolve(
-            key, executed=executed, actor=actor, reason=reason, receipt=parsed,
-            override_evidence=override_evidence,
-        )  # fmt: skip
+    document = verbs.resolve(
+        key, executed=executed, actor=actor, reason=reason, receipt=parsed,
+        override_evidence=override_evidence,
+    )  # fmt: skip
     _done(document, as_json)
 
 
 @app.command()
-def revoke(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+def revoke(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Void a DONE effect; the next submission opens generation n+1."""
     from .api import verbs
 
     load_tools()
-    with errors():
-        _done(verbs.revoke(key, actor=actor, reason=reason), as_json)
+    _done(verbs.revoke(key, actor=actor, reason=reason), as_json)
 
 
 @app.command()
-def supersede(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+def supersede(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Replace a DONE effect; the next submission opens generation n+1."""
     from .api import verbs
 
     load_tools()
-    with errors():
-        _done(verbs.supersede(key, actor=actor, reason=reason), as_json)
+    _done(verbs.supersede(key, actor=actor, reason=reason), as_json)
 
 
 @app.command()
-def replay(key: str, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+def replay(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Send a FAILED / REVOKED / SUPERSEDED effect's stored request again."""
     from .api import verbs
 
     load_tools()
-    with errors():
-        document = verbs.replay(key, actor=actor, reason=reason)
+    document = verbs.replay(key, actor=actor, reason=reason)
     if as_json:
         emit(document)
     else:
-        out.print(f"{document['status']}  {key}", markup=False)
+        line(f"{document['status']}  {key}")
 
 
-campaign_app = typer.Typer(help="Campaign batches: frozen plans, fan-out, status.")
+campaign_app = typer.Typer(
+    rich_markup_mode=None,
+    help="Campaign batches: frozen plans, fan-out, status.",
+    no_args_is_help=True,
+    context_settings=_HELP,
+)
 app.add_typer(campaign_app, name="campaign")
 
 
 @campaign_app.command("submit")
 def campaign_submit(
-    path: Annotated[str, typer.Argument(metavar="FILE")], as_json: Json = False
+    path: Annotated[str, typer.Argument(metavar="FILE", help="the campaign, JSON")],
+    as_json: Json = False,
 ) -> None:
     """Freeze and fan out FILE: {campaign_id, tool, action?, args, recipients, plan_version?}."""
     from pydantic import ValidationError
-    from rich.progress import Progress
 
     from .api.verbs import submit_campaign_file
     from .campaign import CampaignFile
@@ -401,75 +794,102 @@ def campaign_submit(
         with open(path, "rb") as f:
             spec = CampaignFile.model_validate_json(f.read())
     except OSError as exc:
-        fail(2, f"cannot read campaign file {path}: {exc.strerror}")
+        fail(2, f"cannot read the campaign file: {exc.strerror}")
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(map(str, first["loc"])) or "file"
-        fail(2, f"campaign file {path}: {where}: {first['msg']} ({exc.error_count()} errors)")
+        fail(2, _validation_reason(exc, "campaign file"))
     load_tools()
-    with errors(), Progress(console=err, transient=True, disable=as_json) as bar:
-        task = bar.add_task("fan-out", total=len(spec.recipients))
-        report = submit_campaign_file(spec, progress=lambda n: bar.advance(task, n))
+    with _fan_out_bar(len(spec.recipients), quiet=as_json) as advance:
+        report = submit_campaign_file(spec, progress=advance)
     if as_json:
         emit(report.as_dict())
         return
-    out.print(
+    line(
         f"campaign {report.campaign_id} v{report.plan_version}: {report.recipients} recipients, "
         f"{report.sent} sent, skipped {report.skipped or 'none'}, {report.collapsed} duplicates "
-        f"collapsed, {len(report.rejected)} rejected, +{report.added} -{report.removed}",
-        markup=False,
+        f"collapsed, {len(report.rejected)} rejected, +{report.added} -{report.removed}"
     )
     for item in report.rejected[:20]:
-        out.print(f"  rejected #{item['index']}: {item['reason']}", markup=False)
+        line(f"  rejected #{item['index']}: {item['reason']}")
+
+
+class _fan_out_bar:
+    """A progress bar on stderr while a campaign fans out, where stderr is a terminal."""
+
+    def __init__(self, total: int, *, quiet: bool) -> None:
+        self.total, self.bar, self.task = total, None, None
+        if not quiet and err().is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress(
+                "fan-out", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=err(), transient=True,
+            )  # fmt: skip
+
+    def __enter__(self) -> Callable[[int], None]:
+        if self.bar is None:
+            return lambda n: None
+        self.bar.start()
+        task = self.bar.add_task("fan-out", total=self.total)
+        bar = self.bar
+        return lambda n: bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 @campaign_app.command("status")
 def campaign_status(
     campaign_id: Annotated[str, typer.Argument(metavar="ID")],
-    cursor: int = 0,
-    page_size: int = 100,
+    cursor: Annotated[int, typer.Option(metavar="N", min=0, help="from a previous page")] = 0,
+    page_size: Annotated[int, typer.Option(metavar="N", min=1, max=1000)] = 100,
     as_json: Json = False,
 ) -> None:
     """Counts per recipient state, the never-sent diff, and a page of recipients."""
     from .campaign import campaign_status as status
 
-    with errors():
-        document = status(campaign_id, cursor=cursor, page_size=page_size)
+    document = status(campaign_id, cursor=cursor, page_size=page_size)
     if as_json:
         emit(document)
         return
-    out.print(
-        f"campaign {campaign_id} v{document['plan_version']}: {document['counts']}; "
-        f"approved but never sent: {document['approved_but_never_sent']}",
-        markup=False,
+    line(
+        f"campaign {campaign_id} v{document['plan_version']}: {words(document['counts'])}; "
+        f"approved but never sent: {document['approved_but_never_sent']}"
     )
-    table = Table("recipient", "state", "key", box=None)
-    for row in document["recipients"]:
-        table.add_row(row["recipient"], row["state"], row["key"])
-    out.print(table)
+    table(
+        ("recipient", "state", "key"),
+        ((row["recipient"], row["state"], row["key"]) for row in document["recipients"]),
+    )
     if document["next_cursor"]:
-        out.print(f"more: --cursor {document['next_cursor']}", markup=False)
+        line(f"more: --cursor {document['next_cursor']}")
 
 
 def _done(document: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit(document)
     else:
-        out.print(
-            f"{document['state']}  {document['key']}  token {document['token']}", markup=False
-        )
+        line(f"{document['state']}  {document['key']}  token {document['token']}")
 
 
 @app.command()
 def demo(
-    calls: int = 300,
-    duplicate_rate: float = 0.3,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    calls: Annotated[
+        int, typer.Option(metavar="N", min=3, max=100_000, help="submissions, repeats included")
+    ] = 300,
+    duplicate_rate: Annotated[
+        float,
+        typer.Option(
+            metavar="FRACTION",
+            callback=_bounded(0, 0.95),
+            help="share of submissions that repeat one",
+        ),
+    ] = 0.3,
+    as_json: Json = False,
 ) -> None:
     """The whole pipeline locally: Redis, sandbox, a worker pool, a SIGKILL, a summary."""
     from .demo import run_demo
 
-    summary = run_demo(calls=calls, duplicate_rate=duplicate_rate, console=err)
+    summary = run_demo(calls=calls, duplicate_rate=duplicate_rate, console=err())
     if as_json:
         emit(summary)
     if summary["violations"]:

@@ -15,6 +15,7 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -79,6 +80,9 @@ def run_demo(
         at_submit: Counter[str] = Counter()
         keys: set[str] = set()
         killed: list[int] = []
+        # A live line on a terminal (nothing when stderr is a pipe or a file).
+        live = console.status("submitting")
+        live.start()
         for i, (tool, scope, args) in enumerate(order):
             if tool == "send_email":  # a re-worded replay is still the same effect
                 args = {**args, "subject": rng.choice(["Your receipt", "Receipt enclosed"])}
@@ -90,6 +94,8 @@ def run_demo(
                 os.kill(victim, signal.SIGKILL)
                 killed.append(victim)
                 console.print(f"SIGKILLed worker process {victim} after {i} submissions")
+            if i % 10 == 0:
+                live.update(f"submitting {i + 1}/{len(order)}: {_words(at_submit)}")
         conflicts = 0
         for tool, scope, args in unique[1::3][:5]:  # the same orders, another amount
             handle = submit(tool, scope=scope, **{**args, "amount": "999.00"})
@@ -101,9 +107,11 @@ def run_demo(
         while time.monotonic() < deadline:
             records = {key: ledger.get(key) for key in keys}
             states = Counter(r.state.value if r else "ABSENT" for r in records.values())
+            live.update(f"settling {len(keys)} effects: {_words(states)}")
             if set(states) <= SETTLED and not states.get("FAILED"):
                 break
             time.sleep(0.5)
+        live.stop()
         stats = stack.stats()
         executions: dict[str, int] = stats["executions"]
         counts = ledger.counts()
@@ -148,6 +156,11 @@ def run_demo(
     return summary
 
 
+def _words(counts: Mapping[str, Any]) -> str:
+    """``{'enqueued': 210, 'pending': 90}`` as ``enqueued 210, pending 90``."""
+    return ", ".join(f"{name} {value}" for name, value in sorted(counts.items())) or "none"
+
+
 def _print(summary: dict[str, Any], console: Console) -> None:
     table = Table(title="effectq demo", show_header=False)
     table.add_column(style="bold")
@@ -157,7 +170,10 @@ def _print(summary: dict[str, Any], console: Console) -> None:
         "max_executions_per_key", "duplicates_suppressed", "conflicts_refused",
         "fenced_writes", "reconciled", "final_states", "workers_killed", "seconds",
     ):  # fmt: skip
-        table.add_row(name.replace("_", " "), str(summary[name]))
+        value = summary[name]
+        table.add_row(
+            name.replace("_", " "), _words(value) if isinstance(value, dict) else str(value)
+        )
     console.print(table)
     for item in summary["unresolved"]:
         console.print(f"unresolved {item['key'][:16]}… {item['state']}: {item['reason']}")

@@ -18,7 +18,7 @@ from dedupe import Ledger
 
 from .broker import build_broker
 from .middleware import EffectMiddleware
-from .settings import settings
+from .settings import ledger_from_settings, settings
 
 __all__ = ["broker", "configure_broker", "ledger", "rebind", "set_ledger"]
 
@@ -88,15 +88,7 @@ def ledger() -> Ledger:
         with _lock:
             current = _ledger
             if current is None or current[0] != pid:
-                cfg = settings()
-                current = (
-                    pid,
-                    Ledger.from_url(
-                        cfg.redis_url,
-                        namespace=cfg.namespace,
-                        allow_volatile=cfg.allow_volatile_ledger,
-                    ),
-                )
+                current = (pid, ledger_from_settings())
                 _ledger = current
     return current[1]
 

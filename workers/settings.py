@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "settings"]
+if TYPE_CHECKING:
+    from dedupe import Ledger
+
+__all__ = ["Settings", "ledger_from_settings", "settings"]
 
 
 class Settings(BaseSettings):
@@ -77,3 +81,13 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def settings() -> Settings:
     return Settings()
+
+
+def ledger_from_settings() -> Ledger:
+    """A new ledger on ``EFFECTQ_REDIS_URL`` (refused without AOF unless allowed)."""
+    from dedupe import Ledger
+
+    cfg = settings()
+    return Ledger.from_url(
+        cfg.redis_url, namespace=cfg.namespace, allow_volatile=cfg.allow_volatile_ledger
+    )

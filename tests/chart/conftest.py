@@ -29,7 +29,7 @@ def helm() -> ModuleType:
     try:
         import helm_python
     except ImportError as exc:
-        unavailable(f"helm-python-sdk is not installed ({exc}; pip install -e '.[chart]')")
+        unavailable(f"helm-python-sdk is not installed ({exc}; pip install -e '.[chart-test]')")
     return helm_python
 
 

@@ -26,7 +26,7 @@ def _tool(name: str) -> ModuleType:
     try:
         return __import__(name)
     except ImportError as exc:
-        unavailable(f"{name} is not installed ({exc}; pip install -e '.[chart]')")
+        unavailable(f"{name} is not installed ({exc}; pip install -e '.[chart-test]')")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -27,3 +27,5 @@ def test_demo_runs_end_to_end_and_reports_no_violation() -> None:
     assert summary["duplicates_suppressed"]["submit"] >= 90
     assert summary["conflicts_refused"] == 5
     assert "invariants hold" in done.stderr
+    assert "{'" not in done.stderr  # the summary in words, not Python reprs
+    assert "\x1b[" not in done.stderr + done.stdout  # no terminal codes into a pipe
