@@ -16,7 +16,7 @@ expiry; no two holders hold one live token; a refused or fenced write changed no
 fenced commit only appends its late receipt); each record's last history entry is its last
 transition.
 
-    python -m pytest tests/model -q -p no:cacheprovider          # bounded: 40 examples x 30 steps
+    python -m pytest tests/model -q -p no:cacheprovider          # bounded: 50 examples x 40 steps
     EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed
     EFFECTQ_MODEL_EXAMPLES=2000 EFFECTQ_MODEL_STEPS=60 python -m pytest tests/model -q
 
@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     multiple,
     precondition,
@@ -53,9 +54,9 @@ from tests.support.ledgers import charge, fresh_ledger, poll
 from workers.redis_server import RedisServer, default_redis_binary
 
 EXAMPLES = int(os.environ.get("EFFECTQ_MODEL_EXAMPLES") or 0)
-STEPS = int(os.environ.get("EFFECTQ_MODEL_STEPS") or 30)
+STEPS = int(os.environ.get("EFFECTQ_MODEL_STEPS") or 40)
 PROFILE = settings(
-    max_examples=EXAMPLES or 40,
+    max_examples=EXAMPLES or 50,
     stateful_step_count=STEPS,
     deadline=None,
     derandomize=not EXAMPLES,
@@ -69,6 +70,7 @@ RETAIN_S = 3600.0
 AMOUNTS = ("10.00", "20.00")  # two fingerprints per key: the second conflicts
 WORKERS = st.sampled_from(["w1", "w2", "w3"])
 RECONCILERS = st.sampled_from(["rc1", "rc2"])
+SHORT = st.sampled_from([False, False, False, True])  # a retention of 1 ms, one time in four
 
 
 def _scopes() -> list[str]:
@@ -179,6 +181,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- producer and workers ---------------------------------------------------------
 
+    @initialize(target=messages)
+    def first_submissions(self) -> Any:
+        """Every key submitted once: a message for each exists from the start."""
+        return multiple(*(self.submit(k, 0) for k in range(len(self.keys))))
+
     @rule(target=messages, k=KEY, variant=st.sampled_from([0, 0, 1]))
     def submit(self, k: int, variant: int) -> Message:
         effect = self.effects[k][variant]
@@ -235,6 +242,7 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self._raw(h.k)
         ok = self.model.heartbeat(h.k, h.token, live=not tiny)
         got = self.ledger.heartbeat(self.keys[h.k], h.token, lease_s=self._lease(tiny))
+        event(f"heartbeat: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"heartbeat k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
             self._unchanged(h.k, before, f"a fenced heartbeat under t{h.token}")
@@ -268,6 +276,7 @@ class LedgerMachine(RuleBasedStateMachine):
         got = self.ledger.fail(
             self.keys[h.k], h.token, reason="declined", retention_s=TINY_S if short else RETAIN_S
         )
+        event(f"fail on {before and before['s']}: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"fail k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
             self._unchanged(h.k, before, f"a fenced fail under t{h.token}")
@@ -278,6 +287,7 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self._raw(h.k)
         ok = self.model.handover(h.k, h.token, "uncertain")
         got = self.ledger.handover(self.keys[h.k], h.token, reason="uncertain")
+        event(f"handover: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"handover k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
             self._unchanged(h.k, before, f"a fenced handover under t{h.token}")
@@ -286,6 +296,7 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self._raw(h.k)
         ok = self.model.mark_unknown(h.k, h.token, "lookup unavailable")
         got = self.ledger.mark_unknown(self.keys[h.k], h.token, reason="lookup unavailable")
+        event(f"mark_unknown: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"mark_unknown k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
             self._unchanged(h.k, before, f"a fenced mark_unknown under t{h.token}")
@@ -296,11 +307,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def heartbeat(self, h: Holder, tiny: bool) -> None:
         self._heartbeat(h, tiny)
 
-    @rule(h=holders, short=st.booleans())
+    @rule(h=holders, short=SHORT)
     def commit(self, h: Holder, short: bool) -> None:
         self._commit(h, short)
 
-    @rule(h=holders, short=st.booleans())
+    @rule(h=holders, short=SHORT)
     def fail(self, h: Holder, short: bool) -> None:
         self._fail(h, short)
 
@@ -336,18 +347,24 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- reconciler ---------------------------------------------------------------------
 
+    def _leased(self, expired: bool) -> list[int]:
+        return [
+            k
+            for k, r in enumerate(self.model.records)
+            if r is not None and r.state in LEASED and not (expired and r.lease_live)
+        ]
+
+    @precondition(lambda self: self._leased(expired=False))
     @rule(target=holders, data=st.data(), name=RECONCILERS, tiny=st.booleans())
     def takeover(self, data: st.DataObject, name: str, tiny: bool) -> Any:
-        """A reconciler takes a key over: one whose lease ran out when there is one."""
-        expired = [
-            k
-            for k in range(len(self.keys))
-            if (r := self.model.rec(k)) is not None and r.state in LEASED and not r.lease_live
-        ]
-        k = data.draw(st.sampled_from(expired) if expired else KEY, label="k")
+        """A reconciler takes a key over: one whose lease ran out when there is one (else
+        one with a live lease: refused)."""
+        candidates = self._leased(expired=True) or self._leased(expired=False)
+        k = data.draw(st.sampled_from(candidates), label="k")
         before = self._raw(k)
         token = self.model.takeover(k, name, live=not tiny)
         got = self.ledger.takeover(self.keys[k], lease_s=self._lease(tiny), holder=name)
+        event(f"takeover: {'acquired' if got else 'refused'}")
         assert (got and got.token) == token, (
             f"takeover k{k}: ledger {got and got.token}, model {token}"
         )
@@ -361,24 +378,27 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- operator -----------------------------------------------------------------------
 
-    @rule(
-        data=st.data(),
-        action=st.sampled_from(sorted(OPERATOR)),
-        override=st.booleans(),
-        short=st.booleans(),
-        anywhere=st.booleans(),
-    )
-    def operate(
-        self, data: st.DataObject, action: str, override: bool, short: bool, anywhere: bool
-    ) -> None:
-        """An operator action, on a key in the state it applies to unless ``anywhere``."""
-        source = OPERATOR[action][0]
-        fits = [
-            k
-            for k in range(len(self.keys))
-            if (r := self.model.rec(k)) is not None and r.state == source
+    def _operable(self) -> list[tuple[int, str]]:
+        return [
+            (k, action)
+            for k, r in enumerate(self.model.records)
+            for action, (source, _) in sorted(OPERATOR.items())
+            if r is not None and r.state == source
         ]
-        k = data.draw(KEY if anywhere or not fits else st.sampled_from(fits), label="k")
+
+    @precondition(lambda self: self._operable())
+    @rule(data=st.data(), override=st.booleans(), short=SHORT)
+    def operate(self, data: st.DataObject, override: bool, short: bool) -> None:
+        """An operator action on a key in the state it applies to."""
+        k, action = data.draw(st.sampled_from(self._operable()), label="key, action")
+        self._operate(k, action, override, short)
+
+    @rule(k=KEY, action=st.sampled_from(sorted(OPERATOR)), override=st.booleans())
+    def operate_anywhere(self, k: int, action: str, override: bool) -> None:
+        """An operator action on any key: refused unless the state table allows it."""
+        self._operate(k, action, override, short=False)
+
+    def _operate(self, k: int, action: str, override: bool, short: bool) -> None:
         before = self._raw(k)
         receipt = self._receipt() if action == "resolve_done" else None
         note = f"{action} by op: model"
@@ -419,6 +439,7 @@ class LedgerMachine(RuleBasedStateMachine):
         k = data.draw(st.sampled_from(settled), label="k")
         assert self.ledger.client.pexpire(self._record_key(k), 1)
         self._wait_gone(k)
+        event("retention ended")
 
     # -- invariants ---------------------------------------------------------------------
 
