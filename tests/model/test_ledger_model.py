@@ -13,8 +13,8 @@ three keys (two sharing a bucket) and several holders. After every step: the rec
 with the model (state, token, generation, fingerprint, receipt, late receipts, holder,
 attempts, TTL, lease and unknown indexes, counters); tokens per key only grow, also across
 expiry; no two holders hold one live token; a refused or fenced write changed nothing (a
-fenced commit only appends its late receipt); each record's last history entry is its last
-transition.
+fenced commit only appends its late receipt, and turns FAILED into UNKNOWN); each record's
+last history entry is its last transition.
 
     python -m pytest tests/model -q -p no:cacheprovider          # bounded: 50 examples x 40 steps
     EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed
@@ -49,7 +49,7 @@ from hypothesis.stateful import (
 )
 
 from dedupe import ClaimOutcome, Effect, TransitionRefusedError
-from tests.model.state_table import LEASED, OPERATOR, SETTLED, UNKNOWN, Model
+from tests.model.state_table import DONE, LEASED, OPERATOR, SETTLED, UNKNOWN, Model
 from tests.support.ledgers import charge, fresh_ledger, poll
 from workers.redis_server import RedisServer, default_redis_binary
 
@@ -104,6 +104,10 @@ class Holder:
     k: int
     token: int
     name: str
+
+
+def _state(record: dict[str, Any] | None) -> str:
+    return "ABSENT" if record is None else str(record["s"])
 
 
 def _without(record: dict[str, Any] | None, *fields: str) -> dict[str, Any] | None:
@@ -184,10 +188,13 @@ class LedgerMachine(RuleBasedStateMachine):
     @initialize(target=messages)
     def first_submissions(self) -> Any:
         """Every key submitted once: a message for each exists from the start."""
-        return multiple(*(self.submit(k, 0) for k in range(len(self.keys))))
+        return multiple(*(self._submit(k, 0) for k in range(len(self.keys))))
 
     @rule(target=messages, k=KEY, variant=st.sampled_from([0, 0, 1]))
     def submit(self, k: int, variant: int) -> Message:
+        return self._submit(k, variant)
+
+    def _submit(self, k: int, variant: int) -> Message:
         effect = self.effects[k][variant]
         expect = self.model.submit(k, effect.fingerprint)
         got = self.ledger.submit(effect, message_id=f"m{next(self.serial)}", pending_s=LONG_S)
@@ -205,7 +212,7 @@ class LedgerMachine(RuleBasedStateMachine):
         k = msg.k
         effect = self.effects[k][msg.variant]
         before = self._raw(k)
-        was = before["s"] if before else "ABSENT"
+        was = _state(before)
         expect = self.model.claim(k, effect.fingerprint, msg.generation, name, live=not tiny)
         got = self.ledger.claim(
             effect, lease_s=self._lease(tiny), holder=name, generation=msg.generation
@@ -217,6 +224,9 @@ class LedgerMachine(RuleBasedStateMachine):
         event(f"claim on {was}: {got.outcome.value}")
         if got.outcome is not ClaimOutcome.ACQUIRED:
             assert got.token == expect.token, f"claim k{k}: token {got.token} != {expect.token}"
+            r = self.model.rec(k)
+            if got.outcome is ClaimOutcome.DUPLICATE and r is not None and r.state == DONE:
+                assert got.receipt == r.receipt, f"claim k{k}: duplicate of {got.receipt}"
             self._unchanged(k, before, f"a {got.outcome.value} claim")
             return multiple()
         holder = self._grant(k, got.token, name)
@@ -236,7 +246,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(target=holders, k=KEY, name=WORKERS, tiny=st.booleans())
     def replay(self, k: int, name: str, tiny: bool) -> Any:
         """A submission (or an operator's replay) delivered at once."""
-        return self._claim(self.submit(k, 0), name, tiny)
+        return self._claim(self._submit(k, 0), name, tiny)
 
     def _heartbeat(self, h: Holder, tiny: bool) -> None:
         before = self._raw(h.k)
@@ -261,7 +271,7 @@ class LedgerMachine(RuleBasedStateMachine):
             f"commit k{h.k} t{h.token}: ledger ok={got.ok} ({got.state} t{got.token}), "
             f"model ok={expect.ok}"
         )
-        event(f"commit on {before and before['s']}: {'ok' if got.ok else 'fenced'}")
+        event(f"commit on {_state(before)}: {'ok' if got.ok else 'fenced'}")
         if not expect.ok:
             # Fenced: only the late receipt is added (and FAILED becomes UNKNOWN).
             skip = ("lr", "s", "t", "y") if expect.to_unknown else ("lr",)
@@ -276,7 +286,7 @@ class LedgerMachine(RuleBasedStateMachine):
         got = self.ledger.fail(
             self.keys[h.k], h.token, reason="declined", retention_s=TINY_S if short else RETAIN_S
         )
-        event(f"fail on {before and before['s']}: {'ok' if got.ok else 'fenced'}")
+        event(f"fail on {_state(before)}: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"fail k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
             self._unchanged(h.k, before, f"a fenced fail under t{h.token}")
