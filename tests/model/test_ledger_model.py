@@ -1,6 +1,7 @@
 """The ledger against a model of its state table: hypothesis drives ``dedupe.Ledger`` on a
-real redis-server (AOF on) and checks every answer and every record against
-``tests/model/state_table.py`` (DESIGN.md §2, CONTRACT.md "Ledger").
+real redis-server (AOF on; the system Redis 7 and the embedded 6.2) and checks every answer
+and every record against ``tests/model/state_table.py`` (DESIGN.md §2, CONTRACT.md
+"Ledger").
 
 Rules: submit (the generation a message is sent for), claim by a message (redelivered or
 stale: any message submitted earlier, with the generation it was submitted for), replay (a
@@ -18,7 +19,7 @@ last history entry is its last transition.
 
     python -m pytest tests/model -q -p no:cacheprovider          # bounded: 50 examples x 40 steps
     EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed
-    EFFECTQ_MODEL_EXAMPLES=2000 EFFECTQ_MODEL_STEPS=60 python -m pytest tests/model -q
+    EFFECTQ_MODEL_EXAMPLES=2000 EFFECTQ_MODEL_STEPS=60 python -m pytest tests/model -q -k system
 
 The bounded profile is derandomized (the same examples every run); a long run is not, and
 hypothesis keeps what it finds in .hypothesis/ so the next run replays it first.
@@ -51,7 +52,7 @@ from hypothesis.stateful import (
 from dedupe import ClaimOutcome, Effect, TransitionRefusedError
 from tests.model.state_table import DONE, LEASED, OPERATOR, SETTLED, UNKNOWN, Model
 from tests.support.ledgers import charge, fresh_ledger, poll
-from workers.redis_server import RedisServer, default_redis_binary
+from workers.redis_server import RedisServer
 
 EXAMPLES = int(os.environ.get("EFFECTQ_MODEL_EXAMPLES") or 0)
 STEPS = int(os.environ.get("EFFECTQ_MODEL_STEPS") or 40)
@@ -510,12 +511,15 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 @pytest.fixture(scope="module")
-def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def model_server(
+    redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    """One server per binary (the system Redis 7 and the embedded 6.2) for the module."""
     # AOF on (the ledger refuses a volatile Redis), without an fsync per write: this test is
     # about the state table, not about crashes, and an fsync per write would cost most of it.
     root = tmp_path_factory.mktemp("model")
     fsync = ("--appendfsync", "everysec")
-    with RedisServer(default_redis_binary(), root, aof=True, extra_args=fsync) as srv:
+    with RedisServer(redis_binary, root, aof=True, extra_args=fsync) as srv:
         yield srv
 
 
