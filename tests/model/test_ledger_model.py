@@ -21,8 +21,9 @@ last history entry is its last transition.
     EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed
     EFFECTQ_MODEL_EXAMPLES=2000 EFFECTQ_MODEL_STEPS=60 python -m pytest tests/model -q -k system
 
-The bounded profile is derandomized (the same examples every run); a long run is not, and
-hypothesis keeps what it finds in .hypothesis/ so the next run replays it first.
+Every run draws new examples (a fixed sample of 50 missed holes that random ones find):
+a failure prints its steps and a ``@reproduce_failure`` blob, and hypothesis keeps it in
+.hypothesis/ so the next run replays it first.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ PROFILE = settings(
     max_examples=EXAMPLES or 50,
     stateful_step_count=STEPS,
     deadline=None,
-    derandomize=not EXAMPLES,
     suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
 )
 
 BUCKETS = 2
@@ -71,6 +72,7 @@ RETAIN_S = 3600.0
 AMOUNTS = ("10.00", "20.00")  # two fingerprints per key: the second conflicts
 WORKERS = st.sampled_from(["w1", "w2", "w3"])
 RECONCILERS = st.sampled_from(["rc1", "rc2"])
+HOLDER_OPS = st.sampled_from(["commit", "fail", "heartbeat", "handover", "mark_unknown"])
 SHORT = st.sampled_from([False, False, False, True])  # a retention of 1 ms, one time in four
 
 
@@ -312,49 +314,30 @@ class LedgerMachine(RuleBasedStateMachine):
         if not ok:
             self._unchanged(h.k, before, f"a fenced mark_unknown under t{h.token}")
 
-    # Any holder, stale or not, writes under the token it was granted.
-
-    @rule(h=holders, tiny=st.booleans())
-    def heartbeat(self, h: Holder, tiny: bool) -> None:
-        self._heartbeat(h, tiny)
-
-    @rule(h=holders, short=SHORT)
-    def commit(self, h: Holder, short: bool) -> None:
-        self._commit(h, short)
-
-    @rule(h=holders, short=SHORT)
-    def fail(self, h: Holder, short: bool) -> None:
-        self._fail(h, short)
-
-    @rule(h=holders)
-    def handover(self, h: Holder) -> None:
-        self._handover(h)
-
-    @rule(h=holders)
-    def mark_unknown(self, h: Holder) -> None:
-        self._mark_unknown(h)
-
-    # The live holder of a key acts (so the happy paths are as likely as the fenced ones).
-
-    @precondition(lambda self: any(self._current(k) for k in range(len(self.keys))))
-    @rule(
-        data=st.data(),
-        op=st.sampled_from(["heartbeat", "commit", "fail", "handover", "mark_unknown"]),
-        flag=st.booleans(),
-    )
-    def live_holder_acts(self, data: st.DataObject, op: str, flag: bool) -> None:
-        live = [h for k in range(len(self.keys)) if (h := self._current(k))]
-        h = data.draw(st.sampled_from(live), label="holder")
+    def _act(self, h: Holder, op: str, tiny: bool, short: bool) -> None:
+        """``h`` writes under its token (``tiny``: a 1 ms lease, ``short``: retention)."""
         if op == "heartbeat":
-            self._heartbeat(h, tiny=flag)
+            self._heartbeat(h, tiny=tiny)
         elif op == "commit":
-            self._commit(h, short=flag)
+            self._commit(h, short=short)
         elif op == "fail":
-            self._fail(h, short=flag)
+            self._fail(h, short=short)
         elif op == "handover":
             self._handover(h)
         else:
             self._mark_unknown(h)
+
+    @rule(h=holders, op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
+    def holder_acts(self, h: Holder, op: str, tiny: bool, short: bool) -> None:
+        """Any holder, stale or not, writes under the token it was granted."""
+        self._act(h, op, tiny, short)
+
+    @precondition(lambda self: any(self._current(k) for k in range(len(self.keys))))
+    @rule(data=st.data(), op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
+    def live_holder_acts(self, data: st.DataObject, op: str, tiny: bool, short: bool) -> None:
+        """The live holder of a key writes (so the happy paths are as likely as fenced ones)."""
+        live = [h for k in range(len(self.keys)) if (h := self._current(k))]
+        self._act(data.draw(st.sampled_from(live), label="holder"), op, tiny, short)
 
     # -- reconciler ---------------------------------------------------------------------
 
@@ -389,24 +372,34 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- operator -----------------------------------------------------------------------
 
-    def _operable(self) -> list[tuple[int, str]]:
-        return [
-            (k, action)
-            for k, r in enumerate(self.model.records)
-            for action, (source, _) in sorted(OPERATOR.items())
-            if r is not None and r.state == source
-        ]
+    def _in(self, state: str) -> list[int]:
+        return [k for k, r in enumerate(self.model.records) if r is not None and r.state == state]
 
-    @precondition(lambda self: self._operable())
-    @rule(data=st.data(), override=st.booleans(), short=SHORT)
-    def operate(self, data: st.DataObject, override: bool, short: bool) -> None:
-        """An operator action on a key in the state it applies to."""
-        k, action = data.draw(st.sampled_from(self._operable()), label="key, action")
+    @precondition(lambda self: self._in(UNKNOWN))
+    @rule(
+        data=st.data(),
+        executed=st.booleans(),
+        override=st.sampled_from([False, False, True]),  # late receipts refuse the others
+        short=SHORT,
+    )
+    def resolve(self, data: st.DataObject, executed: bool, override: bool, short: bool) -> None:
+        """An operator settles an UNKNOWN effect, with or without overriding late receipts."""
+        k = data.draw(st.sampled_from(self._in(UNKNOWN)), label="k")
+        action = "resolve_done" if executed else "resolve_failed"
         self._operate(k, action, override, short)
 
-    @rule(k=KEY, action=st.sampled_from(sorted(OPERATOR)), override=st.booleans())
-    def operate_anywhere(self, k: int, action: str, override: bool) -> None:
-        """An operator action on any key: refused unless the state table allows it."""
+    @precondition(lambda self: self._in(DONE))
+    @rule(data=st.data(), action=st.sampled_from(["revoke", "supersede"]), short=SHORT)
+    def void(self, data: st.DataObject, action: str, short: bool) -> None:
+        """An operator revokes or supersedes a DONE effect."""
+        k = data.draw(st.sampled_from(self._in(DONE)), label="k")
+        self._operate(k, action, override=False, short=short)
+
+    @precondition(lambda self: any(self.model.records))
+    @rule(data=st.data(), action=st.sampled_from(sorted(OPERATOR)), override=st.booleans())
+    def operate_anywhere(self, data: st.DataObject, action: str, override: bool) -> None:
+        """An operator action on any record: refused unless the state table allows it."""
+        k = data.draw(st.sampled_from([k for k, r in enumerate(self.model.records) if r]))
         self._operate(k, action, override, short=False)
 
     def _operate(self, k: int, action: str, override: bool, short: bool) -> None:
