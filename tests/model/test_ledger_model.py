@@ -383,8 +383,11 @@ class LedgerMachine(RuleBasedStateMachine):
         short=SHORT,
     )
     def resolve(self, data: st.DataObject, executed: bool, override: bool, short: bool) -> None:
-        """An operator settles an UNKNOWN effect, with or without overriding late receipts."""
-        k = data.draw(st.sampled_from(self._in(UNKNOWN)), label="k")
+        """An operator settles an UNKNOWN effect, with or without overriding late receipts
+        (on one that holds late receipts when there is one: the evidence rule)."""
+        unknown = self._in(UNKNOWN)
+        evidence = [k for k in unknown if (r := self.model.rec(k)) is not None and r.late]
+        k = data.draw(st.sampled_from(evidence or unknown), label="k")
         action = "resolve_done" if executed else "resolve_failed"
         self._operate(k, action, override, short)
 
