@@ -332,6 +332,21 @@ class LedgerMachine(RuleBasedStateMachine):
         """Any holder, stale or not, writes under the token it was granted."""
         self._act(h, op, tiny, short)
 
+    def _stale(self) -> list[Holder]:
+        return [
+            h
+            for h in self.granted
+            if (r := self.model.rec(h.k)) is not None
+            and (r.token != h.token or r.state not in LEASED)
+        ]
+
+    @precondition(lambda self: self._stale())
+    @rule(data=st.data(), op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
+    def stale_holder_acts(self, data: st.DataObject, op: str, tiny: bool, short: bool) -> None:
+        """A holder whose claim was taken over or settled wakes up and writes: fenced (a
+        commit leaves a late receipt)."""
+        self._act(data.draw(st.sampled_from(self._stale()), label="holder"), op, tiny, short)
+
     @precondition(lambda self: any(self._current(k) for k in range(len(self.keys))))
     @rule(data=st.data(), op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
     def live_holder_acts(self, data: st.DataObject, op: str, tiny: bool, short: bool) -> None:
