@@ -17,11 +17,11 @@ expiry; no two holders hold one live token; a refused or fenced write changed no
 fenced commit only appends its late receipt, and turns FAILED into UNKNOWN); each record's
 last history entry is its last transition.
 
-    python -m pytest tests/model -q -p no:cacheprovider          # bounded: 50 examples x 40 steps
+    python -m pytest tests/model -q -p no:cacheprovider          # bounded: 100 examples x 40 steps
     EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed
     EFFECTQ_MODEL_EXAMPLES=2000 EFFECTQ_MODEL_STEPS=60 python -m pytest tests/model -q -k system
 
-Every run draws new examples (a fixed sample of 50 missed holes that random ones find):
+Every run draws new examples (a fixed sample missed holes that random ones found):
 a failure prints its steps and a ``@reproduce_failure`` blob, and hypothesis keeps it in
 .hypothesis/ so the next run replays it first.
 """
@@ -58,7 +58,7 @@ from workers.redis_server import RedisServer
 EXAMPLES = int(os.environ.get("EFFECTQ_MODEL_EXAMPLES") or 0)
 STEPS = int(os.environ.get("EFFECTQ_MODEL_STEPS") or 40)
 PROFILE = settings(
-    max_examples=EXAMPLES or 50,
+    max_examples=EXAMPLES or 100,
     stateful_step_count=STEPS,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
