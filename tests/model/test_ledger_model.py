@@ -1,0 +1,541 @@
+"""The ledger against a model of its state table: hypothesis drives ``dedupe.Ledger`` on a
+real redis-server (AOF on; the system Redis 7 and the embedded 6.2) and checks every answer
+and every record against ``tests/model/state_table.py`` (DESIGN.md §2, CONTRACT.md
+"Ledger").
+
+Rules: submit (the generation a message is sent for), claim by a message (redelivered or
+stale: any message submitted earlier, with the generation it was submitted for), replay (a
+submit and at once a claim), heartbeat, commit, fail, handover by any holder (stale tokens
+included), takeover and mark_unknown by reconcilers, every operator action through
+``Ledger.operate`` (resolve_failed with and without override_evidence), lease expiry
+(leases are either 600 s or 1 ms waited out on the server's clock, so the model never
+guesses) and record expiry (1 ms retention, or a settled record's TTL cut short), over
+three keys (two sharing a bucket) and several holders. After every step: the records agree
+with the model (state, token, generation, fingerprint, receipt, late receipts, holder,
+attempts, TTL, lease and unknown indexes, counters); tokens per key only grow, also across
+expiry; no two holders hold one live token; a refused or fenced write changed nothing (a
+fenced commit only appends its late receipt, and turns FAILED into UNKNOWN); each record's
+last history entry is its last transition.
+
+    python -m pytest tests/model -q -p no:cacheprovider          # bounded: 100 examples x 40 steps
+    EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed
+    EFFECTQ_MODEL_EXAMPLES=2000 EFFECTQ_MODEL_STEPS=60 python -m pytest tests/model -q -k system
+
+Every run draws new examples (a fixed sample missed holes that random ones found):
+a failure prints its steps and a ``@reproduce_failure`` blob, and hypothesis keeps it in
+.hypothesis/ so the next run replays it first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from dedupe import ClaimOutcome, Effect, TransitionRefusedError
+from tests.model.state_table import DONE, LEASED, OPERATOR, SETTLED, UNKNOWN, Model
+from tests.support.ledgers import charge, fresh_ledger, poll
+from workers.redis_server import RedisServer
+
+EXAMPLES = int(os.environ.get("EFFECTQ_MODEL_EXAMPLES") or 0)
+STEPS = int(os.environ.get("EFFECTQ_MODEL_STEPS") or 40)
+PROFILE = settings(
+    max_examples=EXAMPLES or 100,
+    stateful_step_count=STEPS,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+
+BUCKETS = 2
+LONG_S = 600.0  # a lease that outlives any example
+TINY_S = 0.001  # a lease or retention that is waited out before the next step
+RETAIN_S = 3600.0
+AMOUNTS = ("10.00", "20.00")  # two fingerprints per key: the second conflicts
+WORKERS = st.sampled_from(["w1", "w2", "w3"])
+RECONCILERS = st.sampled_from(["rc1", "rc2"])
+HOLDER_OPS = st.sampled_from(["commit", "fail", "heartbeat", "handover", "mark_unknown"])
+SHORT = st.sampled_from([False, False, False, True])  # a retention of 1 ms, one time in four
+
+
+def _scopes() -> list[str]:
+    """Three scopes whose keys fall in buckets a, a, b: two keys share a token floor."""
+    by_bucket: dict[int, list[str]] = {0: [], 1: []}
+    for i in count():
+        scope = f"order-{i}"
+        by_bucket[int(charge(scope).key[:8], 16) % BUCKETS].append(scope)
+        if len(by_bucket[0]) >= 2 and by_bucket[1]:
+            return [*by_bucket[0][:2], by_bucket[1][0]]
+    raise AssertionError("unreachable")
+
+
+SCOPES = _scopes()
+KEY = st.integers(0, len(SCOPES) - 1)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A broker message for key ``k``: which amount, and the generation it was sent for."""
+
+    k: int
+    variant: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Whoever was granted ``token`` on key ``k`` (a worker's claim or a takeover)."""
+
+    k: int
+    token: int
+    name: str
+
+
+def _state(record: dict[str, Any] | None) -> str:
+    return "ABSENT" if record is None else str(record["s"])
+
+
+def _without(record: dict[str, Any] | None, *fields: str) -> dict[str, Any] | None:
+    return None if record is None else {f: v for f, v in record.items() if f not in fields}
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    url: ClassVar[str] = ""
+    messages = Bundle("messages")
+    holders = Bundle("holders")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = fresh_ledger(self.url, buckets=BUCKETS)
+        self.effects: list[list[Effect]] = [[charge(s, a) for a in AMOUNTS] for s in SCOPES]
+        self.keys = [row[0].key for row in self.effects]
+        buckets = [self.ledger.bucket_of(key) for key in self.keys]
+        assert buckets[0] == buckets[1] != buckets[2], buckets
+        self.model = Model(buckets)
+        self.granted: list[Holder] = []
+        self.top = [0] * len(self.keys)  # the highest token each key ever showed
+        self.serial = count(1)
+
+    def teardown(self) -> None:
+        self.ledger.client.close()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _record_key(self, k: int) -> str:
+        return self.ledger._keys(self.keys[k])[0]
+
+    def _raw(self, k: int) -> dict[str, Any] | None:
+        blob = self.ledger.client.get(self._record_key(k))
+        return None if blob is None else dict(json.loads(str(blob)))
+
+    def _unchanged(self, k: int, before: dict[str, Any] | None, what: str, *skip: str) -> None:
+        after = self._raw(k)
+        assert _without(after, *skip) == _without(before, *skip), (
+            f"{what} on k{k} changed the record: {before} -> {after}"
+        )
+
+    def _wait_lease(self, k: int) -> None:
+        """Wait until the server's clock is past the lease just written."""
+        record = self.ledger.get(self.keys[k])
+        assert record is not None and record.lease_deadline_ms is not None
+        deadline = record.lease_deadline_ms
+        time.sleep(TINY_S)
+        poll(self.ledger.server_time_ms, lambda now: now > deadline, timeout=5)
+
+    def _wait_gone(self, k: int) -> None:
+        time.sleep(TINY_S)
+        poll(lambda: self.ledger.client.exists(self._record_key(k)), lambda n: n == 0, timeout=5)
+        self.model.expire(k)
+
+    def _lease(self, tiny: bool) -> float:
+        return TINY_S if tiny else LONG_S
+
+    def _receipt(self) -> dict[str, Any]:
+        return {"id": f"rcpt_{next(self.serial)}", "status": "charged"}
+
+    def _current(self, k: int) -> Holder | None:
+        r = self.model.rec(k)
+        if r is None or r.state not in LEASED:
+            return None
+        return next((h for h in self.granted if h.k == k and h.token == r.token), None)
+
+    def _grant(self, k: int, token: int, name: str) -> Holder:
+        assert token > self.top[k], (
+            f"k{k}: token {token} granted, but the key already showed token {self.top[k]}"
+        )
+        self.top[k] = token
+        holder = Holder(k, token, name)
+        self.granted.append(holder)
+        return holder
+
+    # -- producer and workers ---------------------------------------------------------
+
+    @initialize(target=messages)
+    def first_submissions(self) -> Any:
+        """Every key submitted once: a message for each exists from the start."""
+        return multiple(*(self._submit(k, 0) for k in range(len(self.keys))))
+
+    @rule(target=messages, k=KEY, variant=st.sampled_from([0, 0, 1]))
+    def submit(self, k: int, variant: int) -> Message:
+        return self._submit(k, variant)
+
+    def _submit(self, k: int, variant: int) -> Message:
+        effect = self.effects[k][variant]
+        expect = self.model.submit(k, effect.fingerprint)
+        got = self.ledger.submit(effect, message_id=f"m{next(self.serial)}", pending_s=LONG_S)
+        assert got.status.value in expect.statuses, (
+            f"submit k{k}: ledger {got.status.value}, model {sorted(expect.statuses)}"
+        )
+        assert got.generation == expect.generation, (
+            f"submit k{k}: generation {got.generation}, model {expect.generation}"
+        )
+        if got.status.value == "done":
+            assert got.receipt == expect.receipt
+        return Message(k, variant, got.generation)
+
+    def _claim(self, msg: Message, name: str, tiny: bool) -> Any:
+        k = msg.k
+        effect = self.effects[k][msg.variant]
+        before = self._raw(k)
+        was = _state(before)
+        expect = self.model.claim(k, effect.fingerprint, msg.generation, name, live=not tiny)
+        got = self.ledger.claim(
+            effect, lease_s=self._lease(tiny), holder=name, generation=msg.generation
+        )
+        assert got.outcome.value in expect.outcomes, (
+            f"claim k{k} (message generation {msg.generation}): ledger {got.outcome.value} "
+            f"token {got.token} generation {got.generation}, model {sorted(expect.outcomes)}"
+        )
+        event(f"claim on {was}: {got.outcome.value}")
+        if got.outcome is not ClaimOutcome.ACQUIRED:
+            assert got.token == expect.token, f"claim k{k}: token {got.token} != {expect.token}"
+            r = self.model.rec(k)
+            if got.outcome is ClaimOutcome.DUPLICATE and r is not None and r.state == DONE:
+                assert got.receipt == r.receipt, f"claim k{k}: duplicate of {got.receipt}"
+            self._unchanged(k, before, f"a {got.outcome.value} claim")
+            return multiple()
+        holder = self._grant(k, got.token, name)
+        assert (got.token, got.generation) == (expect.token, expect.generation), (
+            f"claim k{k}: acquired token {got.token} generation {got.generation}, "
+            f"model token {expect.token} generation {expect.generation}"
+        )
+        if tiny:
+            self._wait_lease(k)
+        return holder
+
+    @rule(target=holders, msg=messages, name=WORKERS, tiny=st.booleans())
+    def claim(self, msg: Message, name: str, tiny: bool) -> Any:
+        """A delivery of ``msg``: its first, a redelivery, or one that a revoke made stale."""
+        return self._claim(msg, name, tiny)
+
+    @rule(target=holders, k=KEY, name=WORKERS, tiny=st.booleans())
+    def replay(self, k: int, name: str, tiny: bool) -> Any:
+        """A submission (or an operator's replay) delivered at once."""
+        return self._claim(self._submit(k, 0), name, tiny)
+
+    def _heartbeat(self, h: Holder, tiny: bool) -> None:
+        before = self._raw(h.k)
+        ok = self.model.heartbeat(h.k, h.token, live=not tiny)
+        got = self.ledger.heartbeat(self.keys[h.k], h.token, lease_s=self._lease(tiny))
+        event(f"heartbeat: {'ok' if got.ok else 'fenced'}")
+        assert got.ok == ok, f"heartbeat k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
+        if not ok:
+            self._unchanged(h.k, before, f"a fenced heartbeat under t{h.token}")
+        elif tiny:
+            self._wait_lease(h.k)
+
+    def _commit(self, h: Holder, short: bool) -> None:
+        before = self._raw(h.k)
+        settles = before is not None and before["s"] in LEASED
+        receipt = self._receipt()
+        expect = self.model.commit(h.k, h.token, receipt, "commit")
+        got = self.ledger.commit(
+            self.keys[h.k], h.token, receipt, retention_s=TINY_S if short else RETAIN_S
+        )
+        assert got.ok == expect.ok, (
+            f"commit k{h.k} t{h.token}: ledger ok={got.ok} ({got.state} t{got.token}), "
+            f"model ok={expect.ok}"
+        )
+        event(f"commit on {_state(before)}: {'ok' if got.ok else 'fenced'}")
+        if not expect.ok:
+            # Fenced: only the late receipt is added (and FAILED becomes UNKNOWN).
+            skip = ("lr", "s", "t", "y") if expect.to_unknown else ("lr",)
+            self._unchanged(h.k, before, f"a fenced commit under t{h.token}", *skip)
+        elif settles and short:
+            self._wait_gone(h.k)
+
+    def _fail(self, h: Holder, short: bool) -> None:
+        before = self._raw(h.k)
+        settles = before is not None and before["s"] in LEASED
+        ok = self.model.fail(h.k, h.token, "declined")
+        got = self.ledger.fail(
+            self.keys[h.k], h.token, reason="declined", retention_s=TINY_S if short else RETAIN_S
+        )
+        event(f"fail on {_state(before)}: {'ok' if got.ok else 'fenced'}")
+        assert got.ok == ok, f"fail k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
+        if not ok:
+            self._unchanged(h.k, before, f"a fenced fail under t{h.token}")
+        elif settles and short:
+            self._wait_gone(h.k)
+
+    def _handover(self, h: Holder) -> None:
+        before = self._raw(h.k)
+        ok = self.model.handover(h.k, h.token, "uncertain")
+        got = self.ledger.handover(self.keys[h.k], h.token, reason="uncertain")
+        event(f"handover: {'ok' if got.ok else 'fenced'}")
+        assert got.ok == ok, f"handover k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
+        if not ok:
+            self._unchanged(h.k, before, f"a fenced handover under t{h.token}")
+
+    def _mark_unknown(self, h: Holder) -> None:
+        before = self._raw(h.k)
+        ok = self.model.mark_unknown(h.k, h.token, "lookup unavailable")
+        got = self.ledger.mark_unknown(self.keys[h.k], h.token, reason="lookup unavailable")
+        event(f"mark_unknown: {'ok' if got.ok else 'fenced'}")
+        assert got.ok == ok, f"mark_unknown k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
+        if not ok:
+            self._unchanged(h.k, before, f"a fenced mark_unknown under t{h.token}")
+
+    def _act(self, h: Holder, op: str, tiny: bool, short: bool) -> None:
+        """``h`` writes under its token (``tiny``: a 1 ms lease, ``short``: retention)."""
+        if op == "heartbeat":
+            self._heartbeat(h, tiny=tiny)
+        elif op == "commit":
+            self._commit(h, short=short)
+        elif op == "fail":
+            self._fail(h, short=short)
+        elif op == "handover":
+            self._handover(h)
+        else:
+            self._mark_unknown(h)
+
+    @rule(h=holders, op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
+    def holder_acts(self, h: Holder, op: str, tiny: bool, short: bool) -> None:
+        """Any holder, stale or not, writes under the token it was granted."""
+        self._act(h, op, tiny, short)
+
+    def _stale(self) -> list[Holder]:
+        return [
+            h
+            for h in self.granted
+            if (r := self.model.rec(h.k)) is not None
+            and (r.token != h.token or r.state not in LEASED)
+        ]
+
+    @precondition(lambda self: self._stale())
+    @rule(data=st.data(), op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
+    def stale_holder_acts(self, data: st.DataObject, op: str, tiny: bool, short: bool) -> None:
+        """A holder whose claim was taken over or settled wakes up and writes: fenced (a
+        commit leaves a late receipt)."""
+        self._act(data.draw(st.sampled_from(self._stale()), label="holder"), op, tiny, short)
+
+    @precondition(lambda self: any(self._current(k) for k in range(len(self.keys))))
+    @rule(data=st.data(), op=HOLDER_OPS, tiny=st.booleans(), short=SHORT)
+    def live_holder_acts(self, data: st.DataObject, op: str, tiny: bool, short: bool) -> None:
+        """The live holder of a key writes (so the happy paths are as likely as fenced ones)."""
+        live = [h for k in range(len(self.keys)) if (h := self._current(k))]
+        self._act(data.draw(st.sampled_from(live), label="holder"), op, tiny, short)
+
+    # -- reconciler ---------------------------------------------------------------------
+
+    def _leased(self, expired: bool) -> list[int]:
+        return [
+            k
+            for k, r in enumerate(self.model.records)
+            if r is not None and r.state in LEASED and not (expired and r.lease_live)
+        ]
+
+    @precondition(lambda self: self._leased(expired=False))
+    @rule(target=holders, data=st.data(), name=RECONCILERS, tiny=st.booleans())
+    def takeover(self, data: st.DataObject, name: str, tiny: bool) -> Any:
+        """A reconciler takes a key over: one whose lease ran out when there is one (else
+        one with a live lease: refused)."""
+        candidates = self._leased(expired=True) or self._leased(expired=False)
+        k = data.draw(st.sampled_from(candidates), label="k")
+        before = self._raw(k)
+        token = self.model.takeover(k, name, live=not tiny)
+        got = self.ledger.takeover(self.keys[k], lease_s=self._lease(tiny), holder=name)
+        event(f"takeover: {'acquired' if got else 'refused'}")
+        assert (got and got.token) == token, (
+            f"takeover k{k}: ledger {got and got.token}, model {token}"
+        )
+        if got is None:
+            self._unchanged(k, before, "a refused takeover")
+            return multiple()
+        holder = self._grant(k, got.token, name)
+        if tiny:
+            self._wait_lease(k)
+        return holder
+
+    # -- operator -----------------------------------------------------------------------
+
+    def _in(self, state: str) -> list[int]:
+        return [k for k, r in enumerate(self.model.records) if r is not None and r.state == state]
+
+    @precondition(lambda self: self._in(UNKNOWN))
+    @rule(
+        data=st.data(),
+        executed=st.booleans(),
+        override=st.sampled_from([False, False, True]),  # late receipts refuse the others
+        short=SHORT,
+    )
+    def resolve(self, data: st.DataObject, executed: bool, override: bool, short: bool) -> None:
+        """An operator settles an UNKNOWN effect, with or without overriding late receipts
+        (on one that holds late receipts when there is one: the evidence rule)."""
+        unknown = self._in(UNKNOWN)
+        evidence = [k for k in unknown if (r := self.model.rec(k)) is not None and r.late]
+        k = data.draw(st.sampled_from(evidence or unknown), label="k")
+        action = "resolve_done" if executed else "resolve_failed"
+        self._operate(k, action, override, short)
+
+    @precondition(lambda self: self._in(DONE))
+    @rule(data=st.data(), action=st.sampled_from(["revoke", "supersede"]), short=SHORT)
+    def void(self, data: st.DataObject, action: str, short: bool) -> None:
+        """An operator revokes or supersedes a DONE effect."""
+        k = data.draw(st.sampled_from(self._in(DONE)), label="k")
+        self._operate(k, action, override=False, short=short)
+
+    @precondition(lambda self: any(self.model.records))
+    @rule(data=st.data(), action=st.sampled_from(sorted(OPERATOR)), override=st.booleans())
+    def operate_anywhere(self, data: st.DataObject, action: str, override: bool) -> None:
+        """An operator action on any record: refused unless the state table allows it."""
+        k = data.draw(st.sampled_from([k for k, r in enumerate(self.model.records) if r]))
+        self._operate(k, action, override, short=False)
+
+    def _operate(self, k: int, action: str, override: bool, short: bool) -> None:
+        before = self._raw(k)
+        receipt = self._receipt() if action == "resolve_done" else None
+        note = f"{action} by op: model"
+        ok, evidence = self.model.operate(k, action, note, receipt, override)
+        try:
+            write = self.ledger.operate(
+                self.keys[k],
+                action,
+                note=note,
+                retention_s=TINY_S if short else RETAIN_S,
+                receipt=receipt,
+                override_evidence=override,
+            )
+        except TransitionRefusedError as exc:
+            event(f"{action}: refused" + (" (evidence)" if evidence else ""))
+            assert not ok, f"{action} k{k} refused by the ledger ({exc.message}), model allows it"
+            assert exc.details.get("evidence") == evidence, (
+                f"{action} k{k}: refusal evidence {exc.details.get('evidence')}, model {evidence}"
+            )
+            self._unchanged(k, before, f"a refused {action}")
+            return
+        event(f"{action}: done")
+        assert ok, f"{action} k{k}: ledger did it ({write.state} t{write.token}), model refuses"
+        if short:
+            self._wait_gone(k)
+
+    # -- time ---------------------------------------------------------------------------
+
+    @precondition(
+        lambda self: any(r is not None and r.state in SETTLED for r in self.model.records)
+    )
+    @rule(data=st.data())
+    def retention_ends(self, data: st.DataObject) -> None:
+        """A settled record's retention runs out (its TTL cut short to 1 ms)."""
+        settled = [
+            k for k, r in enumerate(self.model.records) if r is not None and r.state in SETTLED
+        ]
+        k = data.draw(st.sampled_from(settled), label="k")
+        assert self.ledger.client.pexpire(self._record_key(k), 1)
+        self._wait_gone(k)
+        event("retention ended")
+
+    # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def records_agree_with_the_model(self) -> None:
+        records = self.ledger.get_many(self.keys)
+        client = self.ledger.client
+        for k, key in enumerate(self.keys):
+            got, want = records[key], self.model.rec(k)
+            if want is None:
+                assert got is None, f"k{k}: ledger {got and got.state.value}, model: no record"
+                continue
+            assert got is not None, f"k{k}: no record, model {want.state} t{want.token}"
+            assert got.token >= self.top[k], (
+                f"k{k}: token {got.token} after the key showed {self.top[k]}"
+            )
+            self.top[k] = got.token
+            late = [(lr["token"], lr["receipt"]) for lr in got.late_receipts]
+            seen = (got.state.value, got.token, got.generation, got.fingerprint, got.receipt)
+            model = (want.state, want.token, want.generation, want.fingerprint, want.receipt)
+            assert (seen, late) == (model, want.late), f"k{k}: ledger {got.as_dict()}\nmodel {want}"
+            assert (got.holder, got.attempts) == (want.holder, want.attempts), (
+                f"k{k}: holder/attempts {(got.holder, got.attempts)}, model "
+                f"{(want.holder, want.attempts)}"
+            )
+            assert (got.ttl_ms is not None) == (want.state in SETTLED), (
+                f"k{k}: {want.state} with ttl {got.ttl_ms}"
+            )
+            # Explained: the last history entry is the last transition.
+            assert got.history, f"k{k}: no history"
+            last = got.history[-1]
+            state, token, note = want.last
+            assert (last.state, last.token) == (state, token) and (
+                last.note == note if want.exact else note in last.note
+            ), f"k{k}: last history entry {last}, model {want.last}"
+            tag = self._record_key(k).rsplit(":r:", 1)[0]
+            score = client.zscore(f"{tag}:leases", key)
+            deadline = got.lease_deadline_ms if want.state in LEASED else None
+            assert (score and int(score)) == deadline, (
+                f"k{k}: lease index {score}, record {want.state} deadline {deadline}"
+            )
+            in_unknown = client.zscore(f"{tag}:unknown", key) is not None
+            assert in_unknown == (want.state == UNKNOWN), f"k{k}: unknown index {in_unknown}"
+        counted = self.ledger.counts()
+        got_counts = {state: counted.get((state, "charge"), 0) for state in self.model.counts()}
+        assert got_counts == self.model.counts(), (
+            f"counters {got_counts}, model {self.model.counts()}"
+        )
+
+    @invariant()
+    def no_two_holders_of_one_live_token(self) -> None:
+        for k in range(len(self.keys)):
+            r = self.model.rec(k)
+            if r is None or r.state not in LEASED:
+                continue
+            holding = [h for h in self.granted if h.k == k and h.token == r.token]
+            assert len(holding) <= 1, f"k{k}: {holding} all hold token {r.token}"
+
+
+@pytest.fixture(scope="module")
+def model_server(
+    redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    """One server per binary (the system Redis 7 and the embedded 6.2) for the module."""
+    # AOF on (the ledger refuses a volatile Redis), without an fsync per write: this test is
+    # about the state table, not about crashes, and an fsync per write would cost most of it.
+    root = tmp_path_factory.mktemp("model")
+    fsync = ("--appendfsync", "everysec")
+    with RedisServer(redis_binary, root, aof=True, extra_args=fsync) as srv:
+        yield srv
+
+
+# A failure is shrunk for up to 5 minutes before hypothesis reports it: let it report.
+@pytest.mark.timeout(900 + EXAMPLES * STEPS // 5)
+def test_the_ledger_agrees_with_its_state_table_model(model_server: RedisServer) -> None:
+    LedgerMachine.url = model_server.url
+    run_state_machine_as_test(LedgerMachine, settings=PROFILE)
