@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,15 +105,29 @@ def _scrape(port: int) -> str:
     return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
 
 
-def _sleeping_holder(stack: LocalStack, ledger: Ledger, keys: list[str]) -> int | None:
-    """The pid of a worker process that executed an effect and has not recorded it yet."""
+def _sleeping_holder(
+    stack: LocalStack, ledger: Ledger, keys: list[str], seen: dict[tuple[str, int], float]
+) -> int | None:
+    """The pid of a worker process that executed an effect and has not recorded it yet:
+    asleep at before_commit. The provider counts an execution before the worker has read
+    its answer, so a holder counts only once it has stayed so for a while (``seen``: when
+    each (key, pid) was first found so) — on a loaded machine, reading the answer is not
+    instant, and a process killed inside the call would not have counted it."""
     executed = stack.stats()["executions"]
+    now = time.monotonic()
     for key, record in ledger.get_many(keys).items():
         if record and record.state is State.CLAIMED and executed.get(key) and record.holder:
             match = re.search(r":(\d+)/", record.holder)
             if match:
-                return int(match.group(1))
+                pid = int(match.group(1))
+                if now - seen.setdefault((key, pid), now) >= _SETTLED_S:
+                    return pid
     return None
+
+
+# How long a holder must stay "executed, not recorded" before it counts as asleep at the
+# failpoint (which sleeps _ASLEEP_S).
+_SETTLED_S, _ASLEEP_S = 0.4, 1.5
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +146,8 @@ def run(stack: LocalStack) -> Iterator[Run]:
         # that no worker saw return; only the reconciler's "found" would count it).
         stack.start_workers(
             2, 1, EFFECTQ_METRICS_PORT=str(worker_port), EFFECTQ_METRICS_HOST="127.0.0.1",
-            EFFECTQ_METRICS_DIR=str(metrics_dir), EFFECTQ_FAILPOINTS="before_commit=sleep:0.3",
+            EFFECTQ_METRICS_DIR=str(metrics_dir),
+            EFFECTQ_FAILPOINTS=f"before_commit=sleep:{_ASLEEP_S}",
         )  # fmt: skip
         stack.start_reconciler(
             0.3, EFFECTQ_METRICS_PORT=str(reconciler_port), EFFECTQ_METRICS_HOST="127.0.0.1"
@@ -143,10 +159,11 @@ def run(stack: LocalStack) -> Iterator[Run]:
         keys = [submit("charge", scope=charge_scope(i), **ARGS).key for i in range(N)]
         # A crash at a failpoint: SIGKILL a worker process while it sleeps at before_commit.
         holder: list[int] = []
+        seen: dict[tuple[str, int], float] = {}
         wait_for(
             lambda: (
                 holder.append(pid) or True  # type: ignore[func-returns-value]
-                if (pid := _sleeping_holder(stack, ledger, keys)) is not None
+                if (pid := _sleeping_holder(stack, ledger, keys, seen)) is not None
                 else False
             ),
             what="a worker process holding an executed, unrecorded effect",
