@@ -148,3 +148,17 @@ def fenceless(live: LocalStack) -> LocalStack:
     redelivery and a second execution."""
     live.sandbox.configure(provider_idempotency=False)
     return live
+
+
+@pytest.fixture
+def own_ledger(tmp_path: Path) -> Iterator[RedisServer]:
+    """A ledger Redis apart from the broker's (this process uses it), so it can fail or die
+    while the broker lives."""
+    from dedupe import Ledger
+    from workers import runtime
+
+    previous = runtime.ledger()
+    with RedisServer(default_redis_binary(), tmp_path / "ledger") as server:
+        runtime.set_ledger(Ledger.from_url(server.url))
+        yield server
+    runtime.set_ledger(previous)

@@ -10,17 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from dedupe import Ledger, State
+from dedupe import State
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
 from workers.local import FAST_ENV, LocalStack
-from workers.redis_server import RedisServer, default_redis_binary
+from workers.redis_server import RedisServer
 from workers.settings import Settings
 
 
@@ -72,16 +70,6 @@ def test_killed_holder_is_never_re_executed_blind(
     notes = [h.note for h in record.history]
     expected = "not found after the settle window" if executed == 0 else "found at the provider"
     assert any(expected in note for note in notes), notes
-
-
-@pytest.fixture
-def own_ledger(tmp_path: Path) -> Iterator[RedisServer]:
-    """A ledger Redis apart from the broker's, so it can die while the broker lives."""
-    previous = runtime.ledger()
-    with RedisServer(default_redis_binary(), tmp_path / "ledger") as server:
-        runtime.set_ledger(Ledger.from_url(server.url))
-        yield server
-    runtime.set_ledger(previous)
 
 
 def test_ledger_redis_killed_mid_run_no_effect_runs_without_a_claim(

@@ -305,16 +305,6 @@ def test_no_heartbeat_after_a_failure_or_handover_is_recorded(
         assert record.state is State.FAILED
 
 
-@pytest.fixture
-def own_ledger(tmp_path: Path) -> Iterator[RedisServer]:
-    """A ledger Redis apart from the broker's, so it can fail while the broker lives."""
-    previous = runtime.ledger()
-    with RedisServer(default_redis_binary(), tmp_path / "ledger") as server:
-        runtime.set_ledger(Ledger.from_url(server.url))
-        yield server
-    runtime.set_ledger(previous)
-
-
 def _ready(stack: LocalStack, count: int = 1) -> bool:
     return stack.log("workers.log").count("Worker process is ready for action") >= count
 

@@ -16,7 +16,6 @@ from tests.fault import test_crash_matrix as matrix
 from tests.fault import test_worker_crashes as crashes
 from workers.local import LocalStack
 
-own_ledger = crashes.own_ledger  # the fixture of the ledger-outage test
 test_after_commit_kill_redelivery_is_a_duplicate = (
     crashes.test_after_commit_kill_redelivery_is_a_duplicate
 )
