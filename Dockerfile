@@ -26,7 +26,7 @@ COPY dedupe ./dedupe
 COPY workers ./workers
 COPY reconciler ./reconciler
 RUN python3 -m venv /opt/effectq \
-    && /opt/effectq/bin/pip install '.[fast]' \
+    && /opt/effectq/bin/pip install '.[fast,api]' \
     && rm -rf /src
 
 # The chart runs the pod as this uid (podSecurityContext.runAsUser) on a read-only root

@@ -15,12 +15,28 @@
     │   ├── VolatileLedgerError       Redis has no AOF and volatility was not allowed
     │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
     │   └── TransitionRefusedError    the state table forbids this transition (carries state)
+    │   └── LedgerRefused*            a worker process refuses to consume (also Dramatiq's
+    │                                 MiddlewareError, so Dramatiq stops the process)
     ├── MessageError              a queue message is malformed: dead-letter it, never execute
+    │   ├── StaleMessageError         older than the provider's idempotency window
+    │   └── ToolsModuleError*         the tools module (EFFECTQ_TOOLS) cannot be imported
     ├── OperatorError             an operator action lacks an actor, a reason or its evidence
+    │   └── NotFoundError             no effect has this key (CLI exit 6, API 404)
     ├── ConflictError             same effect key, different bound fields
-    └── ProviderError             a provider call failed: uncertain unless it says otherwise
-        └── NotExecutedError          definitely not executed (refused before acting): retry
-            └── RejectedError         not executed and never will be (4xx): dead-letter
+    ├── ProviderError             a provider call failed: uncertain unless it says otherwise
+    │   └── NotExecutedError          definitely not executed (refused before acting): retry
+    │       └── RejectedError         not executed and never will be (4xx): dead-letter
+    ├── WaitTimeout*              a producer's wait ended before the effect was DONE
+    └── RetryLater*               control flow on the worker path: the message stays alive
+                                  (also Dramatiq's Retry)
+
+    RuntimeError
+    └── FailpointError            a ``raise`` failpoint fired (``dedupe.failpoints``): outside
+                                  the tree on purpose, so that it acts like a crash
+
+``*``: defined where it is raised, in ``workers`` (``workers.broker.middleware``,
+``workers.registry``, ``workers.producer``, ``workers.tool``), since they are about
+Dramatiq or the producer; the rest is here, importable without Dramatiq.
 
 Errors carry the effect key and state, never a raw recipient. An IdentityError's message
 names the tool and field, never the value it refuses (nor a malformed key).
@@ -42,11 +58,13 @@ __all__ = [
     "MessageError",
     "MissingFieldError",
     "NotExecutedError",
+    "NotFoundError",
     "OperatorError",
     "ProviderError",
     "RecordTooLargeError",
     "RejectedError",
     "SpecError",
+    "StaleMessageError",
     "TransitionRefusedError",
     "ValueTooLargeError",
     "VolatileLedgerError",
@@ -124,8 +142,17 @@ class MessageError(EffectqError):
     pass
 
 
+class StaleMessageError(MessageError):
+    """The message outlived its provider's idempotency window: executing it now could be a
+    second effect at a provider that forgot the key."""
+
+
 class OperatorError(EffectqError):
     pass
+
+
+class NotFoundError(OperatorError):
+    """No effect has this key (it never existed, or its settled record expired)."""
 
 
 class ConflictError(EffectqError):

@@ -1,4 +1,6 @@
-"""Named crash points in the worker and producer paths, armed only through ``EFFECTQ_FAILPOINTS``.
+"""Named crash points in the worker and producer paths, armed only through ``EFFECTQ_FAILPOINTS``
+(read by the process's settings, which ``arm`` this module; nothing here reads the
+environment).
 
 ``after_claim=kill;after_effect=kill@0.2;before_commit=sleep:3``. Actions: ``kill`` (SIGKILL
 self), ``stop`` (SIGSTOP self), ``raise`` (FailpointError), ``sleep:SECONDS``; ``@P`` arms
@@ -7,7 +9,6 @@ with probability P. Unarmed, a failpoint is one lookup in an empty dict.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import threading
@@ -32,7 +33,8 @@ POINTS = frozenset(
 
 
 class FailpointError(RuntimeError):
-    """Raised by a ``raise`` failpoint: an uncertain outcome at that exact point."""
+    """Raised by a ``raise`` failpoint: an uncertain outcome at that exact point (no
+    EffectqError, so that no handler of effectq's takes it for an expected failure)."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,11 @@ def parse(spec: str) -> dict[str, _Armed]:
     return armed
 
 
-_ARMED: dict[str, _Armed] = parse(os.environ.get("EFFECTQ_FAILPOINTS", ""))
+_ARMED: dict[str, _Armed] = {}
 
 
 def arm(spec: str) -> None:
-    """Re-arm from a spec string (tests in this process)."""
+    """Arm exactly the failpoints of ``spec`` (``EFFECTQ_FAILPOINTS``; "" disarms all)."""
     _ARMED.clear()
     _ARMED.update(parse(spec))
 

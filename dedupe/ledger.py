@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -45,7 +44,6 @@ __all__ = ["DEFAULT_BUCKETS", "Ledger", "ledger_error"]
 
 DEFAULT_BUCKETS = 256
 _SCRIPT = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
-_ENV_VOLATILE = "EFFECTQ_ALLOW_VOLATILE_LEDGER"
 # Failover and resharding answers: the call did not run; the next one can.
 _TOPOLOGY = (
     redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
@@ -100,10 +98,6 @@ def _compact(value: Any) -> str:
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def ledger_error(exc: Exception, *, key: str | None = None) -> LedgerError:
@@ -229,7 +223,7 @@ class Ledger:
     allow_volatile:
         accept a Redis without AOF, or one that evicts keys (``maxmemory-policy`` other than
         ``noeviction``). A ledger that forgets grants a second claim, so this is refused
-        unless asked for (or ``EFFECTQ_ALLOW_VOLATILE_LEDGER`` is set).
+        unless asked for (``workers`` asks when ``EFFECTQ_ALLOW_VOLATILE_LEDGER`` is set).
     wait_replicas:
         after each write, ``WAIT`` for this many replicas (same round trip). A claim that no
         replica acknowledged is not acted on. Redis documents that a failover can still lose
@@ -242,7 +236,7 @@ class Ledger:
         *,
         namespace: str = "effectq",
         buckets: int = DEFAULT_BUCKETS,
-        allow_volatile: bool | None = None,
+        allow_volatile: bool = False,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 500,
         max_request_bytes: int = 64 * 1024,
@@ -267,8 +261,6 @@ class Ledger:
             client.register_script(_SCRIPT) if self.cluster else _LedgerScript(client, _SCRIPT)
         )
         self._members: Script = client.register_script(_MEMBERS)
-        if allow_volatile is None:
-            allow_volatile = _env_flag(_ENV_VOLATILE)
         if not allow_volatile:
             self.check_durability()
 
@@ -316,6 +308,11 @@ class Ledger:
     def _tag(self, bucket: int) -> str:
         return f"{{{self.namespace}:{bucket}}}"
 
+    def lease_indexes(self) -> list[str]:
+        """Every bucket's lease index (a sorted set of keys by lease deadline, in ms), for
+        readers that watch the backlog without a script (the metrics' scrape)."""
+        return [f"{self._tag(bucket)}:leases" for bucket in range(self.buckets)]
+
     def _keys(self, key: str) -> list[str]:
         tag = self._tag(self.bucket_of(key))
         return [
@@ -358,14 +355,15 @@ class Ledger:
                 raise VolatileLedgerError(
                     "the ledger Redis has no AOF persistence (appendonly no): a restart would "
                     "forget claims and grant them twice. Enable appendonly, or set "
-                    f"{_ENV_VOLATILE}=true if this ledger may be volatile."
+                    "EFFECTQ_ALLOW_VOLATILE_LEDGER=true if this ledger may be volatile."
                 )
             policy = info.get("maxmemory_policy", "not reported")
             if policy != "noeviction":
                 raise VolatileLedgerError(
                     f"the ledger Redis may evict records (maxmemory-policy is {policy}): an "
                     "evicted claim or receipt is granted again. Set maxmemory-policy "
-                    f"noeviction, or set {_ENV_VOLATILE}=true if this ledger may be volatile."
+                    "noeviction, or set EFFECTQ_ALLOW_VOLATILE_LEDGER=true if this ledger "
+                    "may be volatile."
                 )
 
     @contextlib.contextmanager

@@ -18,6 +18,9 @@ __all__ = ["Found", "Lookup", "LookupResult", "NotFound", "ToolSpec", "Unavailab
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 DAY = 86400.0
+#: How long a settled record is kept when its tool does not say (never shorter than the
+#: provider's window).
+DEFAULT_RETENTION_S = 7 * DAY
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class ToolSpec:
     normalizers: Mapping[str, Any] = field(default_factory=dict)
     lease_s: float = 30.0
     provider_window_s: float = DAY
-    retention_s: float = 7 * DAY
+    retention_s: float = DEFAULT_RETENTION_S
     settle_s: float = 5.0
     lookup: Lookup | None = None
 

@@ -27,8 +27,8 @@ for name, value in {
 
 from crewai import Agent, BaseLLM, Crew, Task  # noqa: E402
 
-from workers.local import LocalStack  # noqa: E402
-from workers.sandbox import SandboxConfig  # noqa: E402
+from workers.dev.local import LocalStack  # noqa: E402
+from workers.dev.sandbox import SandboxConfig  # noqa: E402
 
 ORDER = {"customer": "cus_7", "amount": "10.50", "currency": "usd"}
 

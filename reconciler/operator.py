@@ -14,6 +14,7 @@ from typing import Any
 from dedupe import (
     EffectRecord,
     Ledger,
+    NotFoundError,
     OperatorError,
     State,
     ToolSpec,
@@ -21,12 +22,12 @@ from dedupe import (
     Write,
 )
 from dedupe.identity import check_key
+from dedupe.spec import DEFAULT_RETENTION_S
+from dedupe.states import CLAIMABLE
 
 __all__ = ["Operator"]
 
 MAX_TEXT = 200
-_CLAIMABLE = (State.FAILED, State.REVOKED, State.SUPERSEDED)
-DEFAULT_RETENTION_S = 7 * 86400.0
 
 
 class Operator:
@@ -40,7 +41,7 @@ class Operator:
         # Every action reads the record first: a malformed key is refused here, by name.
         record = self.ledger.get(check_key(key))
         if record is None:
-            raise OperatorError(f"no effect with key {key}", key=key)
+            raise NotFoundError(f"no effect with key {key}", key=key)
         return record
 
     def list(
@@ -96,7 +97,7 @@ class Operator:
         submit makes it a submission after the revoke: its message opens generation n+1."""
         _check_words(actor, reason)
         record = self.inspect(key)
-        if record.state not in _CLAIMABLE or record.request is None:
+        if record.state not in CLAIMABLE or record.request is None:
             message = (
                 f"replay refused: effect is {record.state.value}; only FAILED, REVOKED or "
                 "SUPERSEDED effects with a stored request can be replayed"

@@ -16,9 +16,10 @@ Several reconcilers may run at once; the token makes every write theirs alone.
 
 A reconciler only touches the claims of tools it declares: another tool's expired claim is
 left for a reconciler that knows how to look it up (never taken over, never made UNKNOWN
-for want of a spec here), and counted (``unowned_observers``). Reconcilers with the same
-tools divide the buckets among themselves; each distinct set of tools is a group of its
-own that covers every bucket, so every tool's claims are scanned by someone who knows it.
+for want of a spec here), and reported to the observer (``Observer.unowned``).
+Reconcilers with the same tools divide the buckets among themselves; each distinct set of
+tools is a group of its own that covers every bucket, so every tool's claims are scanned by
+someone who knows it.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from dedupe import (
     EffectqError,
@@ -47,19 +48,39 @@ from dedupe import (
     Unavailable,
 )
 from dedupe.failpoints import failpoint
+from dedupe.spec import DEFAULT_RETENTION_S
 
-__all__ = ["Decision", "Reconciler", "decide"]
+__all__ = ["Decision", "Observer", "Reconciler", "decide"]
 
 log = logging.getLogger(__name__)
 
 Action = Literal["done", "failed", "defer", "unknown"]
 GROUP = "reconcilers"
-# Told of every decision written (or fenced): (tool, action, fenced). workers.metrics adds
-# its counters here; an observer must be cheap and must not raise.
-observers: list[Callable[[str, Action, bool], None]] = []
-# Told after each pass of the expired claims it left alone, per tool it does not declare
-# (an empty mapping: none). Same rules as ``observers``.
-unowned_observers: list[Callable[[Mapping[str, int]], None]] = []
+
+
+class Observer(Protocol):
+    """What a reconciler reports as it goes (``workers.metrics.ReconcilerMetrics`` counts
+    it); every call must be cheap and must not raise."""
+
+    def resolved(self, tool: str, action: Action, fenced: bool) -> None:
+        """A decision written (or fenced) for an effect of ``tool``."""
+
+    def unowned(self, counts: Mapping[str, int]) -> None:
+        """After a pass: the expired claims it left alone, per tool it does not declare."""
+
+    def pass_finished(self) -> None:
+        """A pass over its buckets finished (a liveness signal)."""
+
+
+class _Silent:
+    def resolved(self, tool: str, action: Action, fenced: bool) -> None:
+        return None
+
+    def unowned(self, counts: Mapping[str, int]) -> None:
+        return None
+
+    def pass_finished(self) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -122,8 +143,10 @@ class Reconciler:
         backoff_s: float = 1.0,
         batch: int = 100,
         holder: str | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.ledger = ledger
+        self.observer: Observer = observer or _Silent()
         self.specs = dict(specs)
         self.lease_s = lease_s
         self.budget = budget
@@ -164,7 +187,7 @@ class Reconciler:
                 result = Unavailable(f"lookup raised {type(exc).__name__}")
             failpoint("after_lookup")
         decision = decide(takeover, spec, result, budget=self.budget, backoff_s=self.backoff_s)
-        retention = spec.retention_s if spec is not None else 7 * 86400.0
+        retention = spec.retention_s if spec is not None else DEFAULT_RETENTION_S
         if decision.action == "done":
             assert decision.receipt is not None
             try:
@@ -184,8 +207,7 @@ class Reconciler:
             write = self.ledger.heartbeat(key, takeover.token, lease_s=max(decision.delay_s, 0.05))
         else:
             write = self.ledger.mark_unknown(key, takeover.token, reason=decision.reason)
-        for observe in observers:
-            observe(takeover.tool, decision.action, write.fenced)
+        self.observer.resolved(takeover.tool, decision.action, write.fenced)
         if write.fenced:
             return "fenced"
         log.info("%s %s: %s", decision.action, key[:12], decision.reason)
@@ -229,8 +251,8 @@ class Reconciler:
         if unowned:
             outcomes["unowned"] = unowned.total()
             log.info("left %s expired claims of tools not declared here", dict(unowned))
-        for observe in unowned_observers:
-            observe(unowned)
+        self.observer.unowned(unowned)
+        self.observer.pass_finished()
         return outcomes
 
     def run(self, *, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:

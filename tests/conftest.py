@@ -37,8 +37,8 @@ if _ROOT not in sys.path:
 from tests.support.cluster import LocalCluster, local_cluster  # noqa: E402
 from tests.support.requires import unavailable  # noqa: E402
 from tests.support.stack import SANDBOX_DEFAULTS  # noqa: E402
-from workers.local import LocalStack  # noqa: E402
-from workers.redis_server import (  # noqa: E402
+from workers.dev.local import LocalStack  # noqa: E402
+from workers.dev.redis_server import (  # noqa: E402
     RedisServer,
     default_redis_binary,
     find_redis_binaries,

@@ -6,8 +6,9 @@ operator verbs do not pay for Dramatiq, the campaign code and the metrics they n
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dedupe.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .campaign import CampaignReport as CampaignReport
@@ -44,10 +45,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE)

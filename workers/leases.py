@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 from dedupe import Ledger, LedgerError
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["Held", "LeaseKeeper"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Held:
+class Held:
     key: str
     token: int
     lease_s: float
@@ -39,14 +39,14 @@ class _Held:
 class LeaseKeeper:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self._held: dict[tuple[str, int], _Held] = {}
+        self._held: dict[tuple[str, int], Held] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def hold(self, key: str, token: int, lease_s: float) -> Iterator[_Held]:
-        held = _Held(key, token, lease_s)
+    def hold(self, key: str, token: int, lease_s: float) -> Iterator[Held]:
+        held = Held(key, token, lease_s)
         with self._lock:
             self._held[(key, token)] = held
             if self._thread is None or not self._thread.is_alive():

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from dedupe import (
     ConflictError,
@@ -25,13 +26,14 @@ from dedupe import (
 )
 from dedupe.failpoints import failpoint
 
-from . import runtime
-from .settings import settings
-from .tool import EffectTool, Envelope, get_tool
+from .registry import get_tool
+from .runtime import Runtime, current
+from .tool import EffectTool, Envelope
 
-__all__ = ["Handle", "Status", "WaitTimeout", "confirm_pending", "submit"]
+__all__ = ["Handle", "Status", "WaitTimeout", "confirm_pending", "poll_record", "submit"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Status(StrEnum):
@@ -46,6 +48,27 @@ class WaitTimeout(EffectqError):
     """The effect did not reach DONE in time; ``details['state']`` says where it is."""
 
 
+def poll_record(
+    ledger: Ledger,
+    key: str,
+    timeout: float,
+    verdict: Callable[[EffectRecord | None], T | None],
+) -> tuple[T | None, EffectRecord | None]:
+    """Read ``key``'s record, backing off from 10 ms to 250 ms, until ``verdict`` of it is
+    not None or ``timeout`` seconds passed: (the verdict or None, the last record read)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        record = ledger.get(key)
+        found = verdict(record)
+        if found is not None:
+            return found, record
+        if time.monotonic() + delay > deadline:
+            return None, record
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
 @dataclass
 class Handle:
     """A submitted call. ``receipt`` is set once the effect is DONE."""
@@ -56,6 +79,7 @@ class Handle:
     message_id: str | None = None
     receipt: dict[str, Any] | None = None
     state: str | None = None
+    runtime: Runtime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "status": self.status.value, "tool": self.tool}
@@ -67,8 +91,11 @@ class Handle:
             out["receipt"] = self.receipt
         return out
 
+    def _ledger(self) -> Ledger:
+        return (self.runtime or current()).ledger()
+
     def record(self) -> EffectRecord | None:
-        return runtime.ledger().get(self.key)
+        return self._ledger().get(self.key)
 
     def wait(self, timeout: float = 30.0) -> dict[str, Any]:
         """Block until the effect is DONE and return its receipt.
@@ -80,21 +107,18 @@ class Handle:
             raise ConflictError("bound fields differ from the recorded effect", key=self.key)
         if self.receipt is not None:
             return self.receipt
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        record: EffectRecord | None = None
-        while True:
-            record = runtime.ledger().get(self.key)
-            if record is not None and record.state is State.DONE and record.receipt is not None:
-                self.status, self.state, self.receipt = Status.DONE, "DONE", record.receipt
-                return record.receipt
-            if time.monotonic() + delay > deadline:
-                state = record.state.value if record else "ABSENT"
-                raise WaitTimeout(
-                    f"effect not DONE after {timeout}s (state {state})", key=self.key, state=state
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+
+        def receipt(record: EffectRecord | None) -> dict[str, Any] | None:
+            return record.receipt if record is not None and record.state is State.DONE else None
+
+        found, record = poll_record(self._ledger(), self.key, timeout, receipt)
+        if found is None:
+            state = record.state.value if record else "ABSENT"
+            raise WaitTimeout(
+                f"effect not DONE after {timeout}s (state {state})", key=self.key, state=state
+            )
+        self.status, self.state, self.receipt = Status.DONE, "DONE", found
+        return found
 
 
 def confirm_pending(ledger: Ledger, keys: list[str], pending_s: float) -> None:
@@ -108,12 +132,14 @@ def confirm_pending(ledger: Ledger, keys: list[str], pending_s: float) -> None:
 
 
 def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:
-    """Submit one call of ``tool`` for ``scope``. Bad arguments raise an IdentityError."""
+    """Submit one call of ``tool`` for ``scope`` through the runtime ``tool`` is bound to
+    (the current one if it is not bound yet). Bad arguments raise an IdentityError."""
     target = get_tool(tool) if isinstance(tool, str) else tool
     effect = target.derive(scope, args, action)
     message = target.actor.message(Envelope.of(effect).model_dump())
-    ledger = runtime.ledger()
-    cfg = settings()
+    rt = target.runtime
+    ledger = rt.ledger()
+    cfg = rt.settings
     # The marker is a reservation until the broker holds the message (see confirm_pending).
     answer = ledger.submit(
         effect, message_id=message.message_id, pending_s=cfg.pending_reservation_s
@@ -129,11 +155,15 @@ def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **a
             ledger.clear_pending(effect.key)
             raise
         confirm_pending(ledger, [effect.key], cfg.pending_ttl_s)
-        return Handle(target.name, effect.key, Status.ENQUEUED, message_id=message.message_id)
+        return Handle(
+            target.name, effect.key, Status.ENQUEUED, message_id=message.message_id, runtime=rt
+        )
     status = {
         SubmitStatus.DONE: Status.DONE,
         SubmitStatus.CONFLICT: Status.CONFLICT,
         SubmitStatus.PENDING: Status.PENDING,
         SubmitStatus.BLOCKED: Status.BLOCKED,
     }[answer.status]
-    return Handle(target.name, effect.key, status, receipt=answer.receipt, state=answer.state)
+    return Handle(
+        target.name, effect.key, status, receipt=answer.receipt, state=answer.state, runtime=rt
+    )

@@ -1,8 +1,8 @@
-"""Configuration from the environment (prefix ``EFFECTQ_``), one typed object."""
+"""Configuration from the environment (prefix ``EFFECTQ_``), one typed object, built where a
+process starts (``Settings()``) and handed on: nothing reads it again behind the caller."""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from pydantic import Field, SecretStr
@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 if TYPE_CHECKING:
     from dedupe import Ledger
 
-__all__ = ["Settings", "ledger_from_settings", "settings"]
+__all__ = ["Settings", "ledger_from_settings"]
 
 
 class Settings(BaseSettings):
@@ -22,9 +22,6 @@ class Settings(BaseSettings):
         description="the ledger's Redis (a Redis Cluster: its nodes' URLs, comma-separated)",
     )
     broker_url: str = Field(default="redis://127.0.0.1:6379/1", description="redis://… or amqp://…")
-    provider_url: str = Field(
-        default="http://127.0.0.1:8765", description="base URL of the tools' API"
-    )
     namespace: str = "effectq"
     tools: str = Field(default="workers.examples", description="module declaring the tools")
     allow_volatile_ledger: bool = False
@@ -55,15 +52,11 @@ class Settings(BaseSettings):
     # message it lasts pending_ttl_s. A producer killed in between leaves nothing pending
     # for longer than this.
     pending_reservation_s: float = 10.0
-    provider_timeout_s: float = 10.0
     # The reconciler: lookups that fail are retried with backoff (base * 2^round seconds,
     # at most 60) for this many rounds, then the effect is UNKNOWN.
     reconciler_budget: int = 5
     reconciler_backoff_s: float = 1.0
     reconciler_lease_s: float = 30.0
-    # Lease and settle window of the shipped example tools (demo and tests shorten them).
-    example_lease_s: float = 30.0
-    example_settle_s: float = 5.0
     # The HTTP API and operator console (`effectq api`, docs/api.md). Bearer tokens as
     # "NAME:TOKEN:SCOPE[,SCOPE];…" with scopes submit, read, operate (a secret: never
     # printed). Bodies are bounded (413 over the bound); a campaign's list may be larger.
@@ -78,16 +71,10 @@ class Settings(BaseSettings):
     api_cookie_secure: bool = True
 
 
-@lru_cache(maxsize=1)
-def settings() -> Settings:
-    return Settings()
-
-
-def ledger_from_settings() -> Ledger:
-    """A new ledger on ``EFFECTQ_REDIS_URL`` (refused without AOF unless allowed)."""
+def ledger_from_settings(cfg: Settings) -> Ledger:
+    """A new ledger on ``cfg.redis_url`` (refused without AOF unless allowed)."""
     from dedupe import Ledger
 
-    cfg = settings()
     return Ledger.from_url(
         cfg.redis_url, namespace=cfg.namespace, allow_volatile=cfg.allow_volatile_ledger
     )

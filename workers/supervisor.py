@@ -8,7 +8,7 @@ an unfinished one.
 
 A signal to the whole group (``kill -TERM -PGID``, a terminal's Ctrl-C) or cgroup
 (systemd's ``KillMode=control-group``) reaches every process, so a worker process gets the
-shutdown two or three times; it counts only the first (``workers.middleware``), and the
+shutdown two or three times; it counts only the first (``workers.broker.middleware``), and the
 drain goes on. The children stay in the supervisor's process group: a SIGKILL to the group
 (an impatient operator, a test harness) still takes the whole pool, and systemd signals the
 whole cgroup whatever the groups, so a session of their own would not spare them anyway.
@@ -32,11 +32,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import metrics
-from .settings import settings
+from .metrics import server as metrics
+from .settings import Settings, ledger_from_settings
 
-__all__ = ["Supervisor"]
+if TYPE_CHECKING:
+    from dedupe import Ledger
+
+__all__ = ["ENTRY", "Supervisor"]
 
 log = logging.getLogger("effectq.worker")
 
@@ -49,10 +53,14 @@ class _Child:
     restarts: int = 0
 
 
+#: What each child imports: its runtime from the environment, with EFFECTQ_TOOLS bound.
+ENTRY = "workers.entry"
+
+
 class Supervisor:
     def __init__(
         self,
-        module: str,
+        settings: Settings,
         *,
         processes: int,
         threads: int,
@@ -65,22 +73,21 @@ class Supervisor:
     ) -> None:
         if processes < 1 or threads < 1:
             raise ValueError("processes and threads must be at least 1")
-        self.module = module
+        self.settings = settings
         self.processes = processes
         self.threads = threads
         self.queues = list(queues)
         self.shutdown_timeout_ms = shutdown_timeout_ms
         self.extra_args = list(extra_args)
-        cfg = settings()
-        self.metrics_port = cfg.metrics_port if metrics_port is None else metrics_port
-        self.metrics_host = cfg.metrics_host if metrics_host is None else metrics_host
-        self.metrics_dir = metrics_dir
+        self.metrics_port = settings.metrics_port if metrics_port is None else metrics_port
+        self.metrics_host = settings.metrics_host if metrics_host is None else metrics_host
+        self.metrics_dir = settings.metrics_dir if metrics_dir is None else metrics_dir
         self._children: dict[int, _Child] = {}
         self._stopping = False
         self._env: dict[str, str] = dict(os.environ)
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "dramatiq", self.module, "-p", "1", "-t", str(self.threads)]
+        cmd = [sys.executable, "-m", "dramatiq", ENTRY, "-p", "1", "-t", str(self.threads)]
         cmd += ["--worker-shutdown-timeout", str(self.shutdown_timeout_ms)]
         if self.queues:
             cmd += ["-Q", *self.queues]
@@ -102,11 +109,21 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._signal_all)
         directory, created = metrics.prepare_dir(self.metrics_dir)
         self._env = {**os.environ, metrics.ENV_DIR: str(directory)}
+        ledger: list[Ledger] = []
+
+        def read_ledger() -> Ledger:
+            # Built at the first scrape, kept: the pool's own connection for its series.
+            if not ledger:
+                ledger.append(ledger_from_settings(self.settings))
+            return ledger[0]
+
         server = metrics.serve(
             self.metrics_port,
             self.metrics_host,
+            read_ledger,
             multiprocess_dir=str(directory),
-            queues=self.queues or [settings().queue],
+            broker_url=self.settings.broker_url,
+            queues=self.queues or [self.settings.queue],
         )
         try:
             return self._supervise(directory)

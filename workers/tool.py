@@ -55,22 +55,32 @@ from dedupe import (
     NotExecutedError,
     RecordTooLargeError,
     RejectedError,
+    StaleMessageError,
     State,
     ToolSpec,
     derive,
 )
 from dedupe.failpoints import failpoint
-from dedupe.spec import DAY, Lookup
+from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 
-from . import metrics, runtime
-from .leases import LeaseKeeper, _Held
-from .settings import settings
+from . import metrics, registry
+from .leases import Held, LeaseKeeper
+from .registry import get_tool
+from .runtime import Runtime, current, installed
+from .settings import Settings
 
-__all__ = ["EffectCall", "EffectTool", "Envelope", "RetryLater", "ToolResult", "effect_tool"]
+__all__ = [
+    "EffectCall",
+    "EffectTool",
+    "Envelope",
+    "RetryLater",
+    "ToolResult",
+    "effect_tool",
+    "get_tool",
+]
 
 log = logging.getLogger(__name__)
 _HOST = socket.gethostname()
-TOOLS: dict[str, EffectTool] = {}
 
 
 class Envelope(BaseModel):
@@ -131,9 +141,10 @@ class ToolResult:
     raw: str | None = None
 
 
-class RetryLater(dramatiq.Retry):
-    """Control flow: leave the message alive and deliver it again later (not an error).
-    ``delay_ms``: when to deliver it again (None: Dramatiq's exponential backoff)."""
+class RetryLater(dramatiq.Retry, EffectqError):
+    """Control flow: leave the message alive and deliver it again later (not an error of
+    the message). ``delay_ms``: when to deliver it again (None: Dramatiq's exponential
+    backoff)."""
 
     def __init__(
         self,
@@ -143,27 +154,32 @@ class RetryLater(dramatiq.Retry):
         key: str | None = None,
         delay_ms: int | None = None,
     ) -> None:
-        super().__init__(reason, delay=delay_ms)
+        dramatiq.Retry.__init__(self, reason, delay=delay_ms)
+        self.message = reason
+        self.details = {"key": key} if key is not None else {}
         self.reason = reason
         self.give_up = give_up
-        self.key = key
         self.delay_ms = delay_ms
 
 
-def _retry_when(retries: int, exc: BaseException) -> bool:
-    if isinstance(exc, RetryLater):
-        return not exc.give_up
-    if isinstance(exc, LedgerError):
-        # A ledger that could not answer says nothing about the message: never a dead letter.
-        return True
-    return retries < settings().max_retries
+def _retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
+    def retry_when(retries: int, exc: BaseException) -> bool:
+        if isinstance(exc, RetryLater):
+            return not exc.give_up
+        if isinstance(exc, LedgerError):
+            # A ledger that could not answer says nothing about the message: never a dead
+            # letter.
+            return True
+        return retries < max_retries
+
+    return retry_when
 
 
 # Past a lease deadline, a retry comes this long after it (the reconciler's turn).
 _LEASE_MARGIN_MS = 500
 
 
-def retry_delay_ms(claim: Claim) -> int | None:
+def retry_delay_ms(claim: Claim, cfg: Settings) -> int | None:
     """When to look again at an effect someone else holds (in_flight / blocked): just after
     its lease deadline while the lease runs; once it has expired (the reconciler's turn),
     after as long again as it has been overdue — a backoff anchored at the deadline rather
@@ -172,7 +188,6 @@ def retry_delay_ms(claim: Claim) -> int | None:
     operator's turn): None, Dramatiq's exponential backoff. Bounded by the retry settings."""
     if claim.remaining_ms is None:
         return None
-    cfg = settings()
     if claim.remaining_ms > 0:
         delay = claim.remaining_ms + _LEASE_MARGIN_MS
     else:
@@ -185,7 +200,8 @@ _DEAD_LETTER = (MessageError, ConflictError, RejectedError)
 
 
 class EffectTool:
-    """A declared tool: its spec (plain data, read by the reconciler too) and its actor."""
+    """A declared tool: its spec (plain data, read by the reconciler too) and, once bound
+    to a runtime, its actor on that runtime's broker."""
 
     def __init__(
         self,
@@ -193,26 +209,60 @@ class EffectTool:
         spec: ToolSpec,
         *,
         not_executed: tuple[type[BaseException], ...],
-        queue_name: str,
+        queue_name: str | None,
         actor_options: Mapping[str, Any],
     ) -> None:
         self.fn = fn
         self.spec = spec
         self.not_executed: tuple[type[BaseException], ...] = (NotExecutedError, *not_executed)
-        cfg = settings()
-        self.actor: dramatiq.Actor[..., None] = dramatiq.actor(  # type: ignore[call-overload]
-            self._perform,
-            actor_name=spec.name,
-            queue_name=queue_name,
-            broker=runtime.broker(),
-            throws=_DEAD_LETTER,
-            retry_when=_retry_when,
-            min_backoff=cfg.retry_min_backoff_ms,
-            max_backoff=cfg.retry_max_backoff_ms,
-            **actor_options,
-        )
+        self._queue_name = queue_name
+        self._actor_options = dict(actor_options)
+        self._actor: dramatiq.Actor[..., None] | None = None
+        self._runtime: Runtime | None = None
         self._keepers: dict[int, LeaseKeeper] = {}
         self._metrics = metrics.for_tool(spec.name)
+
+    def bind(self, rt: Runtime) -> dramatiq.Actor[..., None]:
+        """Declare this tool's actor on ``rt``'s broker (moving it there if it was bound
+        elsewhere): its messages are then sent and consumed through that runtime."""
+        cfg = rt.settings
+        options = {
+            "retry_when": _retry_when(cfg.max_retries),
+            "min_backoff": cfg.retry_min_backoff_ms,
+            "max_backoff": cfg.retry_max_backoff_ms,
+        }
+        actor = self._actor
+        if actor is None:
+            actor = dramatiq.actor(  # type: ignore[call-overload]
+                self._perform,
+                actor_name=self.spec.name,
+                queue_name=self._queue_name or cfg.queue,
+                broker=rt.broker,
+                throws=_DEAD_LETTER,
+                **options,
+                **self._actor_options,
+            )
+        else:
+            actor.options.update(options)
+            actor.broker = rt.broker
+            rt.broker.declare_actor(actor)
+        self._actor, self._runtime = actor, rt
+        self._keepers.clear()
+        self._metrics = metrics.for_tool(self.spec.name)
+        return actor
+
+    @property
+    def actor(self) -> dramatiq.Actor[..., None]:
+        """The actor, bound to the current runtime if this tool was not bound yet."""
+        return self._actor if self._actor is not None else self.bind(current())
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime this tool is bound to (the current one if it was not bound yet)."""
+        if self._runtime is None:
+            self.bind(current())
+        assert self._runtime is not None
+        return self._runtime
 
     @property
     def name(self) -> str:
@@ -231,7 +281,7 @@ class EffectTool:
         pid = os.getpid()
         keeper = self._keepers.get(pid)
         if keeper is None:
-            keeper = self._keepers[pid] = LeaseKeeper(runtime.ledger())
+            keeper = self._keepers[pid] = LeaseKeeper(self.runtime.ledger())
         return keeper
 
     def _effect_of(
@@ -265,7 +315,8 @@ class EffectTool:
         age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
         retries = int(message.options.get("retries", 0)) if message else 0
         effect, campaign, generation = self._effect_of(args, kwargs)
-        ledger = _ledger(effect.key)
+        rt = self.runtime
+        ledger = _ledger(rt, effect.key)
         if age_s > self.spec.provider_window_s:
             self._refuse_stale(ledger, effect, age_s)
             return
@@ -296,7 +347,7 @@ class EffectTool:
             raise RetryLater(
                 f"effect is {claim.outcome.value} ({claim.state})",
                 key=effect.key,
-                delay_ms=retry_delay_ms(claim),
+                delay_ms=retry_delay_ms(claim, rt.settings),
             )
         failpoint("after_claim")
         call = EffectCall(
@@ -324,7 +375,7 @@ class EffectTool:
                     raise
                 raise RetryLater(
                     f"not executed: {exc}",
-                    give_up=retries >= settings().max_retries,
+                    give_up=retries >= rt.settings.max_retries,
                     key=effect.key,
                 ) from None
             except BaseException as exc:
@@ -354,14 +405,14 @@ class EffectTool:
         if record is not None and record.state is State.DONE:
             return
         state = record.state.value if record else "no record"
-        raise MessageError(
+        raise StaleMessageError(
             f"{self.name}: message is {age_s:.0f}s old, past the provider's "
             f"{self.spec.provider_window_s:.0f}s idempotency window; not executed ({state})",
             key=effect.key,
         )
 
     @contextmanager
-    def _hold(self, key: str, token: int) -> Iterator[_Held]:
+    def _hold(self, key: str, token: int) -> Iterator[Held]:
         """Heartbeat the lease while the body runs; count it if the heartbeat was fenced."""
         with self._keeper().hold(key, token, self.spec.lease_s) as held:
             try:
@@ -383,7 +434,7 @@ class EffectTool:
         reason = f"not executed: {type(exc).__name__}: {exc}"
         started = time.perf_counter()
         try:
-            write = runtime.ledger().fail(
+            write = self.runtime.ledger().fail(
                 call.key, call.token, reason=reason, retention_s=self.spec.retention_s
             )
             self._timed("fail", started, write.fenced)
@@ -395,7 +446,7 @@ class EffectTool:
         reason = f"{type(exc).__name__}: {exc}"[:300]
         started = time.perf_counter()
         try:
-            write = runtime.ledger().handover(call.key, call.token, reason=reason)
+            write = self.runtime.ledger().handover(call.key, call.token, reason=reason)
             self._timed("handover", started, write.fenced)
         except EffectqError as err:
             log.warning("could not hand %s over: %s (lease will expire)", call.key[:12], err)
@@ -405,7 +456,7 @@ class EffectTool:
             (result.receipt, result.raw) if isinstance(result, ToolResult) else (result, None)
         )
         failpoint("before_commit")
-        ledger = runtime.ledger()
+        ledger = self.runtime.ledger()
         deadline = time.monotonic() + self.spec.lease_s / 2
         delay = 0.05
         while True:
@@ -435,11 +486,11 @@ class EffectTool:
             )
 
 
-def _ledger(key: str) -> Ledger:
+def _ledger(rt: Runtime, key: str) -> Ledger:
     """This process's ledger; any failure to build it (unreachable, refused as volatile, a
     bad URL) leaves the message alive: it is not the message's fault."""
     try:
-        return runtime.ledger()
+        return rt.ledger()
     except EffectqError as exc:
         raise RetryLater(f"ledger unavailable: {exc.message}", key=key) from None
     except Exception as exc:
@@ -457,7 +508,7 @@ def effect_tool(
     normalizers: Mapping[str, Any] | None = None,
     lease_s: float = 30.0,
     provider_window_s: float = DAY,
-    retention_s: float = 7 * DAY,
+    retention_s: float = DEFAULT_RETENTION_S,
     settle_s: float = 5.0,
     lookup: Lookup | None = None,
     not_executed: tuple[type[BaseException], ...] = (),
@@ -487,17 +538,15 @@ def effect_tool(
             f,
             spec,
             not_executed=not_executed,
-            queue_name=queue_name or settings().queue,
+            queue_name=queue_name,
             actor_options=actor_options,
         )
-        TOOLS[spec.name] = tool
+        registry.register(tool)
+        # Declared after a runtime was installed (a worker process loads EFFECTQ_TOOLS
+        # after installing its runtime): its actor must exist before Dramatiq consumes.
+        present = installed()
+        if present is not None:
+            tool.bind(present)
         return tool
 
     return wrap
-
-
-def get_tool(name: str) -> EffectTool:
-    try:
-        return TOOLS[name]
-    except KeyError:
-        raise MessageError(f"unknown tool {name!r} (declared: {sorted(TOOLS)})") from None

@@ -23,8 +23,8 @@ from crewai.tools import BaseTool, tool  # noqa: E402
 from tests.agents.scripted import ScriptedLLM, tool_call  # noqa: E402
 from workers import EffectCall, EffectTool, ToolResult, effect_tool, get_tool, runtime  # noqa: E402
 from workers.agents.crewai import GuardedTool, guarded_tool, task_scope  # noqa: E402
+from workers.dev.local import LocalStack  # noqa: E402
 from workers.guard import Outcome, OutcomeStatus  # noqa: E402
-from workers.local import LocalStack  # noqa: E402
 
 # CrewAI's own deprecations (its internals use them), not ours.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:crewai")

@@ -11,8 +11,8 @@ import pytest
 from dedupe import MissingFieldError
 from tests.support.stack import broker_messages
 from workers import EffectTool, get_tool, runtime
+from workers.dev.local import LocalStack
 from workers.guard import OutcomeStatus, effect_scope, guarded
-from workers.local import LocalStack
 
 ORDER = {"customer": "cus_7", "amount": "10.50", "currency": "usd"}
 

@@ -19,7 +19,7 @@ from langchain_core.messages import ToolMessage  # noqa: E402
 from tests.support.stack import broker_messages  # noqa: E402
 from workers import EffectTool, get_tool  # noqa: E402
 from workers.agents.langchain import structured_tool, thread_scope  # noqa: E402
-from workers.local import LocalStack  # noqa: E402
+from workers.dev.local import LocalStack  # noqa: E402
 
 ORDER = {"customer": "cus_7", "amount": "10.50", "currency": "usd"}
 CALLER = Path(__file__).with_name("langchain_call.py")

@@ -17,11 +17,10 @@ from dedupe import Effect, Ledger
 from tests.api.conftest import ROLES, TOKENS, Api, bearer
 from tests.support.ledgers import RETENTION_S, poll
 from tests.support.stack import wait_for
-from workers import get_tool, runtime, submit_campaign
-from workers.api import verbs
+from workers import get_tool, runtime, submit_campaign, verbs
 from workers.api.auth import Tokens, parse_tokens
 from workers.api.console import COOKIE
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 from workers.settings import Settings
 
 RECEIPT = {"id": "eff_by_hand"}

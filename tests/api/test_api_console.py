@@ -18,7 +18,7 @@ from tests.support.ledgers import poll
 from tests.support.requires import need_binary, unavailable
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import get_tool, runtime
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 # Chromium's background services would try the network this machine does not have.
 CHROMIUM_ARGS = [

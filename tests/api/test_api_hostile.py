@@ -11,7 +11,7 @@ import pytest
 
 from tests.api.conftest import ROLES, Api
 from tests.support.stack import broker_messages
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 CARD = "4111111111111111111"
 # Path segments that are not effect keys; one is a recipient pasted by mistake.
@@ -141,7 +141,7 @@ def test_every_operator_verb_refuses_a_malformed_key_by_name_before_the_ledger(
     # The routes check the path first; the verbs (CLI, console, API) check again, in the
     # operator, so that no path reads a record under a key that is not one.
     from dedupe import KeyFormatError
-    from workers.api import verbs
+    from workers import verbs
     from workers.api.problems import problem_of
 
     calls = {

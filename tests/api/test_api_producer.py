@@ -14,7 +14,7 @@ from tests.api.conftest import poll_json
 from tests.support.ledgers import poll
 from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import get_tool, runtime
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 EMAIL: dict[str, Any] = {
     "tool": "send_email",

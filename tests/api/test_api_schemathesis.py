@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
 from tests.api.conftest import ROLES, Api
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 # A schema-valid call can still name no effect (an unknown tool, a recipient that is not an
 # address): the document says so with 422, and positive data may be answered with it.

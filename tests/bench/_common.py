@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from workers.redis_server import default_redis_binary, find_redis_binaries
+from workers.dev.redis_server import default_redis_binary, find_redis_binaries
 
 Stats = dict[str, tuple[int, int]]  # command -> (calls, usec)
 

@@ -23,7 +23,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 TEMPLATE = {"subject": "Spring sale", "body": "Hello from the bench"}
 

@@ -32,7 +32,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 NODE = "amqp://guest:guest@127.0.0.1:5672"
 TEMPLATE = {"subject": "Spring sale", "body": "Hello from the bench"}
@@ -52,9 +52,9 @@ def main() -> None:
     with LocalStack() as on_redis, LocalStack(rabbitmq=NODE) as on_rabbitmq:
         on_redis.apply_env()
         from workers import Envelope, runtime
+        from workers.broker.fanout import enqueue_many
         from workers.campaign import submit_campaign
         from workers.examples import send_email
-        from workers.fanout import enqueue_many
 
         stacks = {"redis": on_redis, "rabbitmq": on_rabbitmq}
         assert on_rabbitmq.vhost is not None

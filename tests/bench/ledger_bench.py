@@ -41,7 +41,7 @@ if str(_ROOT) not in sys.path:
 
 from dedupe import ClaimOutcome, Ledger, ToolSpec, derive  # noqa: E402
 from tests.bench._common import Stats, commandstats, compact, pick_binary  # noqa: E402
-from workers.redis_server import (  # noqa: E402
+from workers.dev.redis_server import (  # noqa: E402
     RedisServer,
 )
 

@@ -46,7 +46,7 @@ from tests.bench.worker_bench import (  # noqa: E402
     Bench,
     Run,
 )
-from workers.local import LocalStack  # noqa: E402
+from workers.dev.local import LocalStack  # noqa: E402
 
 
 class MetricsBench(Bench):
@@ -83,9 +83,12 @@ class MetricsBench(Bench):
     def _start_scraper(self, directory: Path) -> None:
         from prometheus_client import generate_latest
 
-        from workers import metrics
+        from workers import runtime
+        from workers.metrics import server
 
-        source = metrics.exposition(multiprocess_dir=str(directory), queues=["effectq"])
+        source = server.exposition(
+            runtime.ledger, multiprocess_dir=str(directory), queues=["effectq"]
+        )
         self._stop.clear()
 
         def scrape() -> None:

@@ -56,10 +56,10 @@ if str(_ROOT) not in sys.path:
 from dedupe import Found, Ledger, LookupResult, NotFound, State, ToolSpec, derive  # noqa: E402
 from reconciler import HttpLookup, Reconciler  # noqa: E402
 from tests.bench._common import Stats, commandstats, compact, pick_binary  # noqa: E402
-from workers.redis_server import (  # noqa: E402
+from workers.dev.redis_server import (  # noqa: E402
     RedisServer,
 )
-from workers.sandbox import SandboxConfig, SandboxProcess  # noqa: E402
+from workers.dev.sandbox import SandboxConfig, SandboxProcess  # noqa: E402
 
 TOOL = "charge"
 CLAIM_LEASE_S = 0.05

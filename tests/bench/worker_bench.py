@@ -56,8 +56,8 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from workers.fanout import enqueue_many  # noqa: E402
-from workers.local import LocalStack  # noqa: E402
+from workers.broker.fanout import enqueue_many  # noqa: E402
+from workers.dev.local import LocalStack  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 TOOLS_MODULE = "tests.bench.bench_tools"

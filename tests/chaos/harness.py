@@ -3,7 +3,7 @@
     python -m tests.chaos.harness --effects 300 --seed 7 --kills 3 --stops 1 \
         --redis-restarts 1 --sandbox-restarts 1
 
-Real processes (``workers.local.LocalStack``): a durable ledger Redis of its own (AOF,
+Real processes (``workers.dev.local.LocalStack``): a durable ledger Redis of its own (AOF,
 ``appendfsync always``) apart from the broker's Redis, the sandbox provider with faults
 (5 % 5xx, 2 % lost acks, latency, lookup lag longer than the lease) and its own idempotency
 OFF, a supervised pool ``effectq worker -p 3 -t 4`` and two reconcilers. It submits N effects
@@ -45,9 +45,9 @@ import httpx
 import psutil
 import redis
 
-from workers.local import LocalStack
-from workers.redis_server import RedisServer, default_redis_binary
-from workers.sandbox import SandboxConfig
+from workers.dev.local import LocalStack
+from workers.dev.redis_server import RedisServer, default_redis_binary
+from workers.dev.sandbox import SandboxConfig
 
 LEASE_S = 3.0  # FAST_ENV's lease of the example tools
 LOOKUP_LAG_S = 4.0  # longer than the lease: a lookup right after a takeover misses it

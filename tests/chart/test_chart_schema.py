@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.chart._chart import CHART, NAMESPACE, RELEASE, Render
+from workers.examples import ExampleSettings
 from workers.settings import Settings
 
 _POOL = {"name": "default", "queues": ["effectq"]}
@@ -112,13 +113,14 @@ _SCHEMA_TYPES = {"string": str, "boolean": bool, "integer": int, "number": float
 def test_every_setting_is_one_of_effectq_settings_with_its_type() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     settings = schema["properties"]["settings"]["properties"]
-    fields = Settings.model_fields
+    # The core settings, and the shipped example tools' own (their provider, lease, settle).
+    fields = {**Settings.model_fields, **ExampleSettings.model_fields}
     # The chart sets these itself (the Secret, the metrics port and directory); the
     # failpoints are for tests.
     owned = {"redis_url", "broker_url", "metrics_port", "metrics_host", "metrics_dir", "failpoints"}
     for key, spec in settings.items():
         field = re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()  # maxRetries -> max_retries
-        assert field in fields, f"settings.{key}: workers.settings.Settings has no {field}"
+        assert field in fields, f"settings.{key}: no effectq setting {field}"
         assert field not in owned, f"settings.{key} is set by the chart itself"
         assert fields[field].annotation is _SCHEMA_TYPES[spec["type"]], f"settings.{key}"
 

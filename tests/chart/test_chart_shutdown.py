@@ -24,7 +24,7 @@ import pytest
 
 from tests.chart._chart import VARIANTS, Rendered, container, option, worker_name
 from tests.support.requires import need_binary, unavailable
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 # (variant, pool) -> (shutdownTimeoutSeconds, terminationGraceMarginSeconds) as set in
 # VARIANTS, or the chart's defaults (60, 15).

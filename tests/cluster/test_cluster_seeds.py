@@ -18,7 +18,7 @@ import redis
 from dedupe import ClaimOutcome, Effect, Ledger, LedgerError, LedgerUnavailableError
 from tests.support.cluster import LocalCluster, local_cluster
 from tests.support.ledgers import charge, fresh_ledger, poll
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")

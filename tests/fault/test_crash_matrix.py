@@ -25,7 +25,7 @@ import pytest
 from dedupe import EffectRecord, Ledger, State
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 WORKER_POINTS = ("after_claim", "before_effect", "after_effect", "before_commit", "after_commit")
 RECONCILER_POINTS = ("before_lookup", "after_lookup")

@@ -10,7 +10,7 @@ import time
 
 from dedupe import ClaimOutcome, Ledger, State
 from tests.support.ledgers import RETENTION_S, charge, poll
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 HOLDER = textwrap.dedent(
     """

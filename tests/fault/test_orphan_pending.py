@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.support.ledgers import poll
 from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import get_tool, runtime
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 from workers.producer import Status, submit
 
 RESERVATION_S = "1"

@@ -18,8 +18,8 @@ from reconciler import Reconciler
 from tests.support.ledgers import fresh_ledger
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import get_tool, metrics, runtime, submit
-from workers.local import LocalStack
-from workers.redis_server import RedisServer
+from workers.dev.local import LocalStack
+from workers.dev.redis_server import RedisServer
 
 
 def _email(scope: str) -> str:

@@ -17,8 +17,8 @@ import pytest
 from dedupe import State
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
-from workers.local import FAST_ENV, LocalStack
-from workers.redis_server import RedisServer
+from workers.dev.local import FAST_ENV, LocalStack
+from workers.dev.redis_server import RedisServer
 from workers.settings import Settings
 
 

@@ -30,7 +30,7 @@ from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import Envelope, get_tool, runtime, submit
 from workers.broker import UNDECODABLE as UNDECODABLE_TOOL
 from workers.cli import app
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 KNOWN = ("send_email", "charge", "set_value")
 INJECTION = (

@@ -30,8 +30,8 @@ import pytest
 from dedupe import Ledger, State
 from tests.support.requires import need_binary
 from tests.support.stack import wait_for, wait_states
-from workers.local import LocalStack
-from workers.redis_server import free_port
+from workers.dev.local import LocalStack
+from workers.dev.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # crun refuses this kind of machine's cgroups; the default ulimits are refused too.

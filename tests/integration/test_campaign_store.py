@@ -9,7 +9,7 @@ import hashlib
 from dedupe import CampaignPlan, CampaignStore, Ledger, State, campaign_tag
 from tests.support.cluster import LocalCluster
 from tests.support.ledgers import RETENTION_S, charge, fresh_ledger
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 TTL_S = 3600.0
 

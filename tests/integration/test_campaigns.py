@@ -19,7 +19,7 @@ from dedupe import CampaignStore, ConflictError
 from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import get_tool, runtime
 from workers.campaign import campaign_status, submit_campaign
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 TEMPLATE = {"subject": "Spring sale", "body": "Hello!"}
 

@@ -29,7 +29,7 @@ from dedupe import (
 )
 from tests.support.ledgers import charge, poll
 from tests.support.stack import wait_for
-from workers.redis_server import RedisServer, default_redis_binary
+from workers.dev.redis_server import RedisServer, default_redis_binary
 
 LOCAL = "redis://127.0.0.1:6379"
 LEDGER_DB, BROKER_DB = 14, 15
@@ -132,9 +132,9 @@ def test_worker_pool_refuses_to_start_on_a_ledger_without_aof(pool: _Pool) -> No
 
 
 def test_plain_dramatiq_worker_refuses_to_boot_too(pool: _Pool) -> None:
-    # The second line of defence: `dramatiq workers.examples` without the effectq CLI stops
-    # in the middleware's before_worker_boot.
-    proc = pool.start("-m", "dramatiq", "workers.examples", "-p", "1", "-t", "1")
+    # The second line of defence: `dramatiq workers.entry` (what the supervisor runs) without
+    # the effectq CLI stops in the middleware's before_worker_boot.
+    proc = pool.start("-m", "dramatiq", "workers.entry", "-p", "1", "-t", "1")
     try:
         code = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:

@@ -11,9 +11,8 @@ import pytest
 
 from dedupe import OperatorError, State, idempotency_key
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
-from workers import Envelope, get_tool, runtime, submit, submit_campaign
-from workers.api import verbs
-from workers.local import LocalStack
+from workers import Envelope, get_tool, runtime, submit, submit_campaign, verbs
+from workers.dev.local import LocalStack
 
 ARGS = {"customer": "cus_rv", "amount": "25.00", "currency": "usd"}
 

@@ -5,7 +5,7 @@ the body it was sent — so what the tool body received is read at the provider.
 from __future__ import annotations
 
 from workers import Status, submit
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 LONG = "12345678901.123456789012345678"  # 29 significant digits
 

@@ -12,7 +12,7 @@ import pytest
 from dedupe import Ledger
 from tests.support.cluster import LocalCluster
 from tests.support.ledgers import charge
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 ROUNDS = 20
 

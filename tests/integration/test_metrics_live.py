@@ -44,7 +44,7 @@ from reconciler import Reconciler
 from tests.support.requires import need_binary
 from tests.support.stack import SANDBOX_DEFAULTS, broker_messages, wait_for, wait_states
 from workers import get_tool, metrics, runtime, submit
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 from workers.producer import Status
 from workers.tool import Envelope
 

@@ -15,16 +15,16 @@ from dedupe import (
 from reconciler import Operator
 from tests.support.ledgers import RETENTION_S, charge, poll
 from workers import runtime
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 RECEIPT = {"id": "eff_by_hand"}
 
 
 @pytest.fixture
 def ops(live: LocalStack) -> Operator:
-    from workers.tool import TOOLS
+    from workers import registry
 
-    return Operator(runtime.ledger(), {name: t.spec for name, t in TOOLS.items()})
+    return Operator(runtime.ledger(), registry.specs())
 
 
 def _unknown(ledger: Ledger, *, late: bool = False) -> str:

@@ -11,7 +11,7 @@ import redis
 from dedupe import NotFound, ToolSpec, derive
 from reconciler import Reconciler
 from tests.support.ledgers import fresh_ledger
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 
 class _Broken:

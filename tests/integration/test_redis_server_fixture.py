@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from workers.redis_server import RedisServer, find_redis_binaries
+from workers.dev.redis_server import RedisServer, find_redis_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ def test_atexit_kills_a_server_left_running(redis_binary: str, tmp_path: Path) -
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from workers.redis_server import RedisServer
+        from workers.dev.redis_server import RedisServer
         print(RedisServer({redis_binary!r}, Path({str(tmp_path / "r")!r})).start().pid)
         """
     )

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from workers.sandbox import MAX_BODY_BYTES, SandboxConfig, SandboxProcess
+from workers.dev.sandbox import MAX_BODY_BYTES, SandboxConfig, SandboxProcess
 
 
 @pytest.fixture(scope="module")

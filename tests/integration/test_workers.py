@@ -33,9 +33,9 @@ from dedupe import (
 )
 from tests.support.stack import DRAINED, broker_client, broker_messages, wait_for, wait_states
 from workers import EffectCall, Envelope, RetryLater, Status, effect_tool, get_tool, runtime, submit
-from workers.local import LocalStack
-from workers.redis_server import RedisServer, default_redis_binary, free_port
-from workers.settings import settings
+from workers.dev.local import LocalStack
+from workers.dev.redis_server import RedisServer, default_redis_binary, free_port
+from workers.settings import Settings
 from workers.tool import _retry_when, retry_delay_ms
 
 
@@ -210,14 +210,15 @@ def test_a_message_older_than_the_provider_window_never_executes(live: LocalStac
 def unbuildable_ledger(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
     """Point this process's runtime at another ledger URL, built lazily on first use."""
 
+    previous = runtime.current()
+
     def point(url: str) -> None:
         monkeypatch.setenv("EFFECTQ_REDIS_URL", url)
-        settings.cache_clear()
-        monkeypatch.setattr(runtime, "_ledger", None)
+        runtime.install(runtime.Runtime(Settings(), broker=previous.broker))
 
     yield point
     monkeypatch.undo()
-    settings.cache_clear()
+    runtime.install(previous)
 
 
 def _envelope(scope: str) -> dict[str, Any]:
@@ -236,14 +237,15 @@ def test_a_ledger_that_cannot_be_built_at_first_use_leaves_the_message_alive(
                 tool._perform(_envelope("order-first-use"))
             assert caught.value.reason.startswith("ledger unavailable"), url
             # Retried for as long as it takes, never dead-lettered for it.
-            assert _retry_when(10_000, caught.value)
+            assert _retry_when(20)(10_000, caught.value)
     assert live.stats()["total"] == 0
 
 
 def test_a_ledger_error_never_runs_out_of_retries() -> None:
-    assert _retry_when(10_000, LedgerUnavailableError("down"))
-    assert _retry_when(10_000, LedgerError("ledger script error: OOM command not allowed"))
-    assert not _retry_when(10_000, RuntimeError("a bug"))
+    retry_when = _retry_when(max_retries=20)
+    assert retry_when(10_000, LedgerUnavailableError("down"))
+    assert retry_when(10_000, LedgerError("ledger script error: OOM command not allowed"))
+    assert not retry_when(10_000, RuntimeError("a bug"))
 
 
 class _Watched:
@@ -412,13 +414,13 @@ def test_the_retry_delay_follows_the_lease_deadline_the_ledger_reports() -> None
     def claim(outcome: ClaimOutcome, state: State, remaining_ms: int | None) -> Claim:
         return Claim(outcome, "0" * 64, 1, state=state, remaining_ms=remaining_ms)
 
-    cfg = settings()
+    cfg = Settings()
     live_lease = claim(ClaimOutcome.IN_FLIGHT, State.CLAIMED, 1_200)
-    assert retry_delay_ms(live_lease) == min(1_700, cfg.retry_max_backoff_ms)
+    assert retry_delay_ms(live_lease, cfg) == min(1_700, cfg.retry_max_backoff_ms)
     # Overdue (the reconciler's turn): as long again as it is overdue, at least the minimum.
     just_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10)
-    assert retry_delay_ms(just_expired) == cfg.retry_min_backoff_ms
+    assert retry_delay_ms(just_expired, cfg) == cfg.retry_min_backoff_ms
     long_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10_000_000)
-    assert retry_delay_ms(long_expired) == cfg.retry_max_backoff_ms
+    assert retry_delay_ms(long_expired, cfg) == cfg.retry_max_backoff_ms
     # UNKNOWN has no deadline: an operator's turn, Dramatiq's exponential backoff.
-    assert retry_delay_ms(claim(ClaimOutcome.BLOCKED, State.UNKNOWN, None)) is None
+    assert retry_delay_ms(claim(ClaimOutcome.BLOCKED, State.UNKNOWN, None), cfg) is None

@@ -53,7 +53,7 @@ from hypothesis.stateful import (
 from dedupe import ClaimOutcome, Effect, TransitionRefusedError
 from tests.model.state_table import DONE, LEASED, OPERATOR, SETTLED, UNKNOWN, Model
 from tests.support.ledgers import charge, fresh_ledger, poll
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 EXAMPLES = int(os.environ.get("EFFECTQ_MODEL_EXAMPLES") or 0)
 STEPS = int(os.environ.get("EFFECTQ_MODEL_STEPS") or 40)

@@ -26,8 +26,7 @@ import pytest
 
 from tests.support.requires import need_binary, unavailable
 from workers import runtime
-from workers.local import LocalStack
-from workers.settings import settings
+from workers.dev.local import LocalStack
 
 NODE = os.environ.get("EFFECTQ_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672")
 
@@ -66,7 +65,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         for key in [k for k in os.environ if k.startswith("EFFECTQ_")]:
             del os.environ[key]
         os.environ.update(before)
-        settings.cache_clear()
         dramatiq.set_encoder(encoder)
         runtime.rebind()
 
@@ -75,7 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 def live(live: LocalStack) -> LocalStack:
     """The root ``live`` (ledger flushed, sandbox reset), and the queues emptied: once the
     last test's workers are gone — their unacked messages back in the queues — purged."""
-    queue = settings().queue
+    queue = runtime.current().settings.queue
     # A connection of its own: the producer's may have been closed for missed heartbeats.
     with pika.BlockingConnection(pika.URLParameters(live.broker_url)) as connection:
         deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fault import test_crash_matrix as matrix
 from tests.fault import test_worker_crashes as crashes
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 test_after_commit_kill_redelivery_is_a_duplicate = (
     crashes.test_after_commit_kill_redelivery_is_a_duplicate

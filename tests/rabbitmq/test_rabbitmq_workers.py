@@ -18,7 +18,7 @@ from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import Envelope, get_tool, runtime, submit
 from workers.broker import UNDECODABLE as UNDECODABLE_TOOL
 from workers.broker import undecodable_id
-from workers.local import LocalStack
+from workers.dev.local import LocalStack
 
 test_duplicate_submissions_and_redeliveries_execute_each_effect_once = (
     redis_suite.test_duplicate_submissions_and_redeliveries_execute_each_effect_once

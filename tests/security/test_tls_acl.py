@@ -37,7 +37,7 @@ from dedupe import (
 )
 from tests.support.ledgers import RETENTION_S, charge
 from tests.support.requires import unavailable
-from workers.redis_server import RedisServer, find_redis_binaries, free_port
+from workers.dev.redis_server import RedisServer, find_redis_binaries, free_port
 
 USER, PASSWORD, ADMIN_PASSWORD = "effectq", "s3cret-ledger-pw", "admin-pw-not-for-effectq"
 # The commands effectq sends (ledger.lua and the group script run theirs as this user too):
@@ -221,7 +221,7 @@ def test_ledger_state_basics_over_tls_as_the_acl_user(ledger: Ledger) -> None:
 
 
 def test_campaign_store_and_metrics_reads_over_tls(ledger: Ledger) -> None:
-    from workers.metrics import _lease_heads
+    from workers.metrics.collector import _lease_heads
 
     campaign = f"cmp-{uuid.uuid4().hex[:6]}"
     store = CampaignStore(ledger)
@@ -281,7 +281,7 @@ def test_worker_cli_processes_connect_over_rediss_with_the_acl_user(
     """A worker pool, a producer CLI and a reconciler pass, all on the TLS ledger as the ACL
     user (the broker stays on a plain Redis)."""
     from tests.support.stack import wait_for
-    from workers.local import LocalStack
+    from workers.dev.local import LocalStack
 
     (tmp_path / "stack").mkdir()
     with (

@@ -16,7 +16,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from workers.redis_server import RedisServer
+from workers.dev.redis_server import RedisServer
 
 SLOTS = 16384
 # Short, so a killed master is failed over within a couple of seconds.

@@ -1,4 +1,4 @@
-"""Helpers for tests that run the whole pipeline as real processes (``workers.local``)."""
+"""Helpers for tests that run the whole pipeline as real processes (``workers.dev.local``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import redis
 
 from dedupe import EffectRecord, Ledger, State
-from workers.local import LocalStack, RabbitVhost
+from workers.dev.local import LocalStack, RabbitVhost
 
 SANDBOX_DEFAULTS = {
     "fail_rate": 0.0,

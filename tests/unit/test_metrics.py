@@ -22,8 +22,8 @@ from dedupe import Ledger, ToolSpec, derive
 from reconciler import Reconciler
 from tests.support.ledgers import charge, fresh_ledger
 from workers import metrics, runtime
-from workers.redis_server import RedisServer
-from workers.settings import settings
+from workers.dev.redis_server import RedisServer
+from workers.metrics import collector, server
 from workers.tool import EffectCall, RetryLater, get_tool
 
 KEYISH = re.compile(r"[0-9a-f]{16,}")
@@ -34,8 +34,8 @@ def sample(name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def families(collector: metrics.LedgerCollector) -> dict[str, Metric]:
-    return {family.name: family for family in collector.collect()}
+def families(source: collector.LedgerCollector) -> dict[str, Metric]:
+    return {family.name: family for family in source.collect()}
 
 
 def values(family: Metric) -> dict[tuple[tuple[str, str], ...], float]:
@@ -46,10 +46,11 @@ def values(family: Metric) -> dict[tuple[tuple[str, str], ...], float]:
 def ledger(shared_redis_server: RedisServer, shared_redis: redis.Redis) -> Iterator[Ledger]:
     """A fresh ledger, installed as this process's ``runtime.ledger()`` for the test."""
     new = fresh_ledger(shared_redis_server.url)
-    previous = runtime._ledger
-    runtime.set_ledger(new)
+    rt = runtime.current()
+    previous = rt._ledger
+    rt.set_ledger(new)
     yield new
-    runtime._ledger = previous
+    rt._ledger = previous
 
 
 def assert_allowlisted(family: Metric) -> None:
@@ -92,22 +93,21 @@ def test_reconciler_resolutions_are_counted_by_tool_and_resolution(ledger: Ledge
     time.sleep(0.1)
     before = sample("effectq_reconciler_resolutions_total", tool="ghost", resolution="unknown")
     # The provider has no lookup: UNKNOWN at once.
-    assert Reconciler(ledger, {"ghost": ghost}).reconcile(effect.key) == "unknown"
+    reconciler = Reconciler(ledger, {"ghost": ghost}, observer=metrics.ReconcilerMetrics())
+    assert reconciler.reconcile(effect.key) == "unknown"
     after = sample("effectq_reconciler_resolutions_total", tool="ghost", resolution="unknown")
     assert after == before + 1
 
 
 def test_disabled_metrics_bind_no_ops() -> None:
-    os.environ["EFFECTQ_METRICS_ENABLED"] = "false"
-    settings.cache_clear()
+    metrics.configure(enabled=False)  # EFFECTQ_METRICS_ENABLED=false, through the runtime
     try:
         bound = metrics.for_tool("tool_with_metrics_off")
         assert all(isinstance(c, metrics._Noop) for c in bound.claims.values())
         bound.claims["acquired"].inc()
         bound.duration.observe(1.0)
     finally:
-        del os.environ["EFFECTQ_METRICS_ENABLED"]
-        settings.cache_clear()
+        metrics.configure(enabled=True)
     assert (
         metrics.REGISTRY.get_sample_value(
             "effectq_claims_total", {"tool": "tool_with_metrics_off", "outcome": "acquired"}
@@ -143,7 +143,7 @@ def test_collector_reads_the_ledgers_counters_and_lease_heads(
     broker.hset("dramatiq:effectq.msgs", mapping={"a": "1", "b": "2"})
     broker.hset("dramatiq:effectq.XQ.msgs", "c", "3")
     found = families(
-        metrics.LedgerCollector(
+        collector.LedgerCollector(
             lambda: ledger, broker_url=f"{shared_redis_server.url[:-1]}1", queues=["effectq"]
         )
     )
@@ -171,7 +171,7 @@ def test_collector_survives_an_unreachable_ledger() -> None:
     client = redis.Redis(
         port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0), decode_responses=True
     )
-    found = families(metrics.LedgerCollector(lambda: Ledger(client, allow_volatile=True)))
+    found = families(collector.LedgerCollector(lambda: Ledger(client, allow_volatile=True)))
     assert list(found) == ["effectq_ledger_up"]
     assert values(found["effectq_ledger_up"]) == {(): 0.0}
 
@@ -206,12 +206,12 @@ def test_prepare_dir_empties_a_configured_directory(tmp_path: Path) -> None:
     (tmp_path / "counter_123.db").write_bytes(b"x")
     (tmp_path / "gauge_livesum_123.db").write_bytes(b"x")
     (tmp_path / "notes.txt").write_text("kept")
-    path, created = metrics.prepare_dir(str(tmp_path))
+    path, created = server.prepare_dir(str(tmp_path))
     assert path == tmp_path and not created
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-    fresh, created = metrics.prepare_dir("")
+    fresh, created = server.prepare_dir("")
     assert created and fresh.is_dir() and not any(fresh.iterdir())
-    metrics.remove_dir(fresh)
+    server.remove_dir(fresh)
     assert not fresh.exists()
 
 
@@ -224,14 +224,14 @@ def test_reap_marks_dead_processes_and_keeps_their_counters(tmp_path: Path) -> N
         "Counter('effectq_t_total', 'd', ['tool']).labels('charge').inc(3)\n"
         "Gauge('effectq_g', 'd', multiprocess_mode='livesum').set(1)\n"
     )
-    env = {**os.environ, metrics.ENV_DIR: str(tmp_path)}
+    env = {**os.environ, server.ENV_DIR: str(tmp_path)}
     dead = subprocess.run([sys.executable, "-c", script], env=env, check=True)
     assert dead.returncode == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert len(names) == 2 and names[0].startswith("counter_")
-    [pid] = metrics.reap(tmp_path)
+    [pid] = server.reap(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"counter_{pid}.db"]
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))
     assert registry.get_sample_value("effectq_t_total", {"tool": "charge"}) == 3.0
-    assert metrics.reap(tmp_path) == []  # the live ones (none here) are left alone
+    assert server.reap(tmp_path) == []  # the live ones (none here) are left alone

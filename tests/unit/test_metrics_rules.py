@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.requires import need_binary
 from workers import metrics
+from workers.metrics import collector
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -35,7 +36,7 @@ def exposed_series() -> set[str]:
     names: set[str] = set()
     local = [f for f in metrics.REGISTRY.collect() if f.name.startswith("effectq_")]
     counts = {("CLAIMED", "charge"): 1, ("dup_submit", "charge"): 1}
-    for family in [*local, *metrics._ledger_families(counts, 0, None, 0)]:
+    for family in [*local, *collector._ledger_families(counts, 0, None, 0)]:
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
         names |= {family.name + s for s in suffixes.get(family.type, [""])}
     names.add("effectq_queue_messages")  # needs a Redis broker to be collected

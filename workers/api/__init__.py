@@ -1,6 +1,5 @@
-"""effectq's HTTP API and operator console: ``effectq api`` (docs/api.md).
+"""effectq's HTTP API and operator console: ``effectq api`` (docs/api.md), extra ``[api]``.
 
-``workers.api.app.create_app`` builds the ASGI app. ``workers.api.verbs`` is what the CLI and
-the API both run; it imports no web framework, so importing this package stays cheap for
-the CLI.
+``workers.api.app.create_app`` builds the ASGI app; its routes and pages act only through
+``workers.verbs``, the door the CLI uses too.
 """

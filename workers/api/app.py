@@ -8,7 +8,6 @@ two equal). No interactive docs pages: they would load scripts from a CDN.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import version
 from typing import Any
 
@@ -16,7 +15,9 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 
-from ..settings import Settings, settings
+from .. import registry
+from ..runtime import Runtime, install
+from ..settings import Settings
 from . import console, problems, routes
 from .auth import Tokens, parse_tokens
 from .limits import AccessLog, BodyLimit
@@ -60,14 +61,17 @@ def _build(tokens: Tokens, cfg: Settings) -> FastAPI:
     return app
 
 
-def create_app(cfg: Settings | None = None) -> FastAPI:
-    """The app for ``cfg`` (default: the environment). Raises ValueError for a bad or
-    empty ``EFFECTQ_API_TOKENS`` (the message names the entry, never a token)."""
-    cfg = cfg or settings()
+def create_app(cfg: Settings | None = None, runtime: Runtime | None = None) -> FastAPI:
+    """The app for ``cfg`` (default: the environment) on ``runtime`` (default: one built
+    from ``cfg``), installed as this process's runtime with the tools of ``cfg.tools``.
+    Raises ValueError for a bad or empty ``EFFECTQ_API_TOKENS`` (the message names the
+    entry, never a token)."""
+    cfg = cfg or (runtime.settings if runtime is not None else Settings())
     parsed = parse_tokens(cfg.api_tokens.get_secret_value())
     if not parsed:
         raise ValueError("EFFECTQ_API_TOKENS is empty: every request would be refused")
-    importlib.import_module(cfg.tools)
+    install(runtime or Runtime.from_settings(cfg))
+    registry.load(cfg.tools)
     return _build(Tokens(parsed, session_s=cfg.api_session_s), cfg)
 
 

@@ -25,10 +25,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from dedupe import EffectqError, EffectRecord, MessageError, State
+from dedupe import EffectqError, EffectRecord, MessageError
+from dedupe.states import OPERATOR_ACTIONS
 
-from ..campaign import campaign_status
-from . import verbs
+from .. import verbs
 from .auth import ApiToken, Tokens
 from .models import KEY_PATTERN, MAX_CURSOR
 from .problems import problem_of
@@ -191,24 +191,22 @@ def queue(request: Request) -> Response:
         return _to_login()
     ops = verbs.operator()
     # Both from bucket indexes (the UNKNOWN index, lease deadlines): bounded, no scan.
-    unknown = ops.list(state=State.UNKNOWN, limit=200)
-    expired = ops.ledger.expired(limit=8)[:200]
-    blocked = [r for r in ops.ledger.get_many(expired).values() if r is not None]
+    queue = verbs.work_queue(ops, limit=200)
     return _page(
-        request, "queue.html", unknown=unknown, blocked=blocked, now_ms=ops.ledger.server_time_ms()
+        request, "queue.html", unknown=queue.unknown, blocked=queue.blocked, now_ms=queue.now_ms
     )
 
 
 def _story(request: Request, key: str, status: int = 200, **context: Any) -> Response:
     ops = verbs.operator()
     try:
-        record = ops.inspect(key)
+        record = verbs.inspect(ops, key)
     except EffectqError as exc:
         problem = problem_of(exc)
         return _page(
             request, "error.html", problem.status, title="Not found", message=problem.message
         )
-    audit = [e for e in ops.ledger.audit_log(1000) if e.get("key") == key]
+    audit = verbs.audit_trail(ops, key)
     return _page(
         request, "effect.html", status, record=record, audit=audit, actions=_offered(record),
         **context,
@@ -217,13 +215,8 @@ def _story(request: Request, key: str, status: int = 200, **context: Any) -> Res
 
 def _offered(record: EffectRecord) -> list[str]:
     """The actions the state table allows from here (the ledger decides again on submit)."""
-    if record.state is State.UNKNOWN:
-        return ["resolve"]
-    if record.state is State.DONE:
-        return ["revoke", "supersede"]
-    if record.state in (State.FAILED, State.REVOKED, State.SUPERSEDED) and record.request:
-        return ["replay"]
-    return []
+    actions = OPERATOR_ACTIONS.get(record.state, ())
+    return [a for a in actions if a != "replay" or record.request]
 
 
 @router.get("/effects/{key}")
@@ -295,7 +288,7 @@ def campaign(
     if not campaign_id:
         return _page(request, "campaign.html", progress=None)
     try:
-        progress = campaign_status(campaign_id, cursor=cursor, page_size=100)
+        progress = verbs.campaign_status(verbs.operator(), campaign_id, cursor=cursor)
     except MessageError:  # the one MessageError campaign_status raises: no such plan
         return _page(request, "campaign.html", 404, progress=None, campaign_id=campaign_id,
                      error="no such campaign")  # fmt: skip

@@ -24,6 +24,7 @@ from dedupe import (
     LedgerError,
     LedgerUnavailableError,
     MessageError,
+    NotFoundError,
     OperatorError,
     RecordTooLargeError,
     TransitionRefusedError,
@@ -76,7 +77,7 @@ def problem_of(exc: EffectqError) -> ApiProblem:
         return ApiProblem(503, "unavailable", "the ledger is unavailable; nothing was done")
     if isinstance(exc, ConflictError):
         return ApiProblem(409, "conflict", exc.message)
-    if isinstance(exc, OperatorError) and exc.message.startswith("no effect"):
+    if isinstance(exc, NotFoundError):
         return ApiProblem(404, "not_found", "no effect with this key")
     if isinstance(exc, IdentityError | MessageError | OperatorError):
         return ApiProblem(422, "invalid", exc.message)

@@ -1,6 +1,6 @@
 """The producer and operator routes under ``/v1`` (docs/api.md, docs/openapi.json).
 
-Bodies are the CLI's ``--json`` documents, built by the same verbs (``workers.api.verbs``).
+Bodies are the CLI's ``--json`` documents, built by the same verbs (``workers.verbs``).
 Handlers are plain functions: FastAPI runs them in its thread pool, where the blocking
 ledger and broker clients belong.
 """
@@ -17,9 +17,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dedupe import MessageError
 
-from ..campaign import CampaignFile, campaign_status
+from .. import verbs
+from ..campaign import CampaignFile
 from ..producer import Status, WaitTimeout
-from . import models, verbs
+from . import models
 from .auth import ApiToken, Tokens
 from .problems import ApiProblem
 
@@ -194,7 +195,9 @@ def get_campaign(
     page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     try:
-        document = campaign_status(campaign_id, cursor=cursor, page_size=page_size)
+        document = verbs.campaign_status(
+            verbs.operator(), campaign_id, cursor=cursor, page_size=page_size
+        )
     except MessageError:  # the one MessageError campaign_status raises: no such plan
         raise ApiProblem(404, "not_found", "no such campaign") from None
     return JSONResponse(document)
@@ -206,7 +209,7 @@ def get_campaign(
     responses={200: {"model": models.EffectDocument}, **_problems(404, *_AUTH)},
 )
 def get_effect(caller: Reader, key: Key) -> JSONResponse:
-    return JSONResponse(verbs.operator().inspect(key).as_dict())
+    return JSONResponse(verbs.inspect(verbs.operator(), key).as_dict())
 
 
 # -- operators: the actor is the token's name --------------------------------------------

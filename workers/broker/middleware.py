@@ -8,17 +8,25 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import MiddlewareError
 
-from dedupe import EffectqError
+from dedupe import (
+    ConflictError,
+    EffectqError,
+    LedgerError,
+    MessageError,
+    RejectedError,
+    StaleMessageError,
+)
 
-from . import metrics
+if TYPE_CHECKING:
+    from ..runtime import Runtime
 
-__all__ = ["EffectMiddleware"]
+__all__ = ["EffectMiddleware", "LedgerRefused", "dead_letter_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +38,13 @@ log = logging.getLogger(__name__)
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-class LedgerRefused(MiddlewareError):
+class LedgerRefused(MiddlewareError, LedgerError):
     """Raised at worker boot: Dramatiq re-raises MiddlewareErrors, so the process stops."""
+
+    def __init__(self, reason: str) -> None:
+        MiddlewareError.__init__(self, reason)
+        self.message = reason
+        self.details = {}
 
 
 def _drain_once() -> None:
@@ -59,16 +72,17 @@ class EffectMiddleware(dramatiq.Middleware):
     signal, however often it arrives; records why each dead-lettered message died, and
     frees its pending marker."""
 
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         # Dramatiq's CLI installed its handlers before importing the broker module.
         _drain_once()
 
     def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
-        from . import runtime
-
         try:
             # Connecting checks persistence: a ledger without AOF would grant claims twice.
-            runtime.ledger()
+            self.runtime.ledger()
         except Exception as exc:
             # Unreachable, refusing, untrustworthy: a worker that consumed now would only
             # fail its messages. The process exits before it consumes anything, and its
@@ -78,8 +92,6 @@ class EffectMiddleware(dramatiq.Middleware):
             raise LedgerRefused(reason) from None
 
     def after_nack(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
-        from . import runtime
-
         exc: BaseException | None = getattr(message, "_exception", None)
         if isinstance(exc, ActorNotFound):
             reason = f"unknown tool {message.actor_name!r}"
@@ -88,15 +100,29 @@ class EffectMiddleware(dramatiq.Middleware):
         else:
             reason = "rejected"
         key = getattr(exc, "key", None)
-        try:
-            runtime.ledger().dead_letter(
-                message_id=message.message_id,
-                tool=message.actor_name,
-                key=key if isinstance(key, str) else None,
-                reason=reason,
-            )
-        except Exception as err:
-            metrics.dead_letter_unrecorded()
-            detail = err.message if isinstance(err, EffectqError) else type(err).__name__
-            log.error("dead-letter of %s not recorded: %s", message.message_id, detail)
+        self.runtime.record_dead_letter(
+            message_id=message.message_id,
+            tool=message.actor_name,
+            key=key if isinstance(key, str) else None,
+            reason=reason,
+            kind=dead_letter_kind(exc),
+        )
         log.warning("dead-lettered %s (%s): %s", message.message_id, message.actor_name, reason)
+
+
+def dead_letter_kind(exc: BaseException | None) -> str:
+    """The bounded reason label of a dead letter (``metrics.DEAD_LETTER_REASONS``)."""
+    if isinstance(exc, ActorNotFound):
+        return "unknown_tool"
+    if isinstance(exc, ConflictError):
+        return "conflict"
+    if isinstance(exc, StaleMessageError):
+        return "stale"
+    if isinstance(exc, MessageError):
+        return "invalid_message"
+    if isinstance(exc, RejectedError):
+        return "rejected"
+    if exc is not None:
+        # Dramatiq dead-letters anything else only once its retries are spent.
+        return "retries_exhausted"
+    return "other"

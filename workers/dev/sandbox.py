@@ -386,7 +386,7 @@ def serve(
 
 
 def _argv_for(config: SandboxConfig) -> list[str]:
-    """The ``python -m workers.sandbox`` flags that reproduce ``config``."""
+    """The ``python -m workers.dev.sandbox`` flags that reproduce ``config``."""
     argv = [
         f"--fail-rate={config.fail_rate}",
         f"--drop-ack-rate={config.drop_ack_rate}",
@@ -435,7 +435,7 @@ class SandboxProcess:
         self._log: IO[bytes] | None = None
 
     def start(self) -> SandboxProcess:
-        argv = [sys.executable, "-m", "workers.sandbox", f"--host={self.host}"]
+        argv = [sys.executable, "-m", "workers.dev.sandbox", f"--host={self.host}"]
         argv += [f"--port={self.port}", *_argv_for(self.config)]
         if self.state_file is not None:
             argv.append(f"--state-file={self.state_file}")
@@ -531,7 +531,9 @@ class SandboxProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="workers.sandbox", description="The sandbox provider.")
+    parser = argparse.ArgumentParser(
+        prog="workers.dev.sandbox", description="The sandbox provider."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--fail-rate", type=float, default=0.0)

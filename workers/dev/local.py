@@ -21,13 +21,16 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psutil
 
 from .redis_server import RedisServer, default_redis_binary, find_redis_binaries
 from .sandbox import SandboxConfig, SandboxProcess
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
 
 __all__ = ["LocalStack", "RabbitVhost"]
 
@@ -155,14 +158,14 @@ class LocalStack:
         env.update(overrides)
         return env
 
-    def apply_env(self) -> None:
-        """Point this process at the stack (the producer side of a test or the demo)."""
-        from . import runtime
-        from .settings import settings
+    def apply_env(self) -> Runtime:
+        """Point this process at the stack (the producer side of a test or the demo): its
+        ``EFFECTQ_*`` environment (which the example tools read) and a runtime on it,
+        installed."""
+        from ..runtime import Runtime, install
 
         os.environ.update({k: v for k, v in self.env().items() if k.startswith("EFFECTQ_")})
-        settings.cache_clear()
-        runtime.rebind()
+        return install(Runtime.from_settings())
 
     # -- processes ---------------------------------------------------------------------
 

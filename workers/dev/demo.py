@@ -21,12 +21,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dedupe.states import AT_REST
+
 from .local import LocalStack
 from .sandbox import SandboxConfig
 
 __all__ = ["run_demo"]
 
-SETTLED = {"DONE", "FAILED", "UNKNOWN", "REVOKED", "SUPERSEDED"}
+SETTLED = {state.value for state in AT_REST}
 
 
 def _calls(n_unique: int, rng: random.Random) -> list[tuple[str, str, dict[str, Any]]]:
@@ -57,14 +59,11 @@ def run_demo(
         fail_rate=0.03, drop_ack_rate=0.02, latency_ms=50, provider_idempotency=False, seed=seed
     )
     with LocalStack(redis_url=os.environ.get("EFFECTQ_REDIS_URL"), sandbox=sandbox) as stack:
-        stack.apply_env()
+        runtime = stack.apply_env()
         from dedupe import State
 
-        from . import (
-            examples,  # noqa: F401  (declares the tools in this process)
-            runtime,
-        )
-        from .producer import Status, submit
+        from .. import examples  # noqa: F401  (declares the tools in this process)
+        from ..producer import Status, submit
 
         pool = stack.start_workers(processes=2, threads=8)
         stack.start_reconciler()

@@ -1,34 +1,46 @@
-"""The verbs both faces of effectq run — the ``effectq`` CLI and the HTTP API — written once.
+"""The one door of effectq's faces — the ``effectq`` CLI, the HTTP API and the console: every
+read and every action they offer, written once.
 
-Each returns the JSON document that ``effectq … --json`` prints and the API answers
-(DESIGN §8), or raises from effectq's error tree; the CLI maps the error to an exit code,
-the API to a status code. Nothing here imports the web framework, so the CLI stays quick.
-The tools (``EFFECTQ_TOOLS``) must be imported before any verb runs.
+Each returns a record or the JSON document that ``effectq … --json`` prints and the API
+answers (DESIGN §8), or raises from effectq's error tree; the CLI maps the error to an exit
+code, the API to a status code. Reads take an ``Operator`` built by ``reader`` (just the
+ledger: no tools, no Dramatiq, so a CLI read starts quickly); actions run on ``operator()``,
+which needs the tools (``EFFECTQ_TOOLS``) loaded. Nothing here imports the web framework.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dedupe import MessageError, OperatorError, Write
+from dedupe import MessageError, OperatorError, State, Write
 
 if TYPE_CHECKING:
     from dedupe import EffectRecord
     from reconciler import Operator
 
-    from ..campaign import CampaignFile, CampaignReport
-    from ..producer import Handle
+    from .campaign import CampaignFile, CampaignReport
+    from .producer import Handle
+    from .runtime import Runtime
+    from .settings import Settings
 
 __all__ = [
+    "WorkQueue",
+    "audit_trail",
     "await_receipt",
+    "campaign_status",
+    "inspect",
+    "list_effects",
     "operator",
+    "reader",
     "replay",
     "resolve",
     "revoke",
     "submit_call",
     "submit_campaign_file",
     "supersede",
+    "work_queue",
     "write_document",
 ]
 
@@ -37,13 +49,71 @@ __all__ = [
 _RESERVED = frozenset({"tool", "scope", "action"})
 
 
-def operator() -> Operator:
-    from reconciler import Operator
+# -- reads ------------------------------------------------------------------------------------
 
-    from .. import runtime
-    from ..tool import TOOLS
 
-    return Operator(runtime.ledger(), {name: t.spec for name, t in TOOLS.items()})
+def reader(cfg: Settings) -> Operator:
+    """The operator's reads: just the ledger of ``cfg`` (no tools, no broker)."""
+    from reconciler.operator import Operator
+
+    from .settings import ledger_from_settings
+
+    return Operator(ledger_from_settings(cfg))
+
+
+def inspect(ops: Operator, key: str) -> EffectRecord:
+    """One effect's record; NotFoundError when no effect has this key."""
+    return ops.inspect(key)
+
+
+def list_effects(
+    ops: Operator, *, state: State | None = None, tool: str | None = None, limit: int = 100
+) -> list[EffectRecord]:
+    return ops.list(state=state, tool=tool, limit=limit)
+
+
+@dataclass(frozen=True)
+class WorkQueue:
+    """What awaits someone: UNKNOWN effects (an operator) and expired claims (a
+    reconciler), with the ledger's clock to age them by."""
+
+    unknown: list[EffectRecord]
+    blocked: list[EffectRecord]
+    now_ms: int
+
+
+def work_queue(ops: Operator, *, limit: int = 200) -> WorkQueue:
+    unknown = ops.list(state=State.UNKNOWN, limit=limit)
+    expired = ops.ledger.expired(limit=8)[:limit]
+    blocked = [r for r in ops.ledger.get_many(expired).values() if r is not None]
+    return WorkQueue(unknown, blocked, ops.ledger.server_time_ms())
+
+
+def audit_trail(ops: Operator, key: str, *, scan: int = 1000) -> list[dict[str, Any]]:
+    """The audit entries of one effect among the last ``scan`` of the audit stream."""
+    return [e for e in ops.ledger.audit_log(scan) if e.get("key") == key]
+
+
+def campaign_status(
+    ops: Operator, campaign_id: str, *, cursor: int = 0, page_size: int = 100
+) -> dict[str, Any]:
+    """``campaign status --json``; MessageError when there is no such campaign."""
+    from .campaign import campaign_status as status
+
+    return status(campaign_id, cursor=cursor, page_size=page_size, ledger=ops.ledger)
+
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+def operator(rt: Runtime | None = None) -> Operator:
+    """The operator of ``rt`` (default: the current runtime) for the tools declared here."""
+    from reconciler.operator import Operator
+
+    from . import registry
+    from .runtime import current
+
+    return Operator((rt or current()).ledger(), registry.specs())
 
 
 def submit_call(
@@ -51,7 +121,7 @@ def submit_call(
 ) -> Handle:
     """Submit one call (deduplicated before the broker); ``Handle.as_dict()`` is the
     ``submit --json`` document."""
-    from ..producer import submit
+    from .producer import submit
 
     args = dict(args or {})
     reserved = sorted(_RESERVED & args.keys())
@@ -63,7 +133,7 @@ def submit_call(
 def await_receipt(handle: Handle, timeout: float) -> Handle:
     """``submit --wait``: block until the receipt while the call is in progress (enqueued
     or pending); raises WaitTimeout, whose details carry the state, if not DONE in time."""
-    from ..producer import Status
+    from .producer import Status
 
     if handle.status in (Status.ENQUEUED, Status.PENDING):
         handle.wait(timeout)
@@ -74,7 +144,7 @@ def submit_campaign_file(
     spec: CampaignFile, progress: Callable[[int], None] | None = None
 ) -> CampaignReport:
     """Freeze and fan out a campaign given as ``effectq campaign submit`` reads its file."""
-    from ..campaign import submit_campaign
+    from .campaign import submit_campaign
 
     return submit_campaign(
         spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
@@ -113,11 +183,10 @@ def supersede(key: str, *, actor: str, reason: str) -> dict[str, Any]:
 
 def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
     """Submit the stored request of a FAILED / REVOKED / SUPERSEDED effect again."""
-    from ..producer import submit
+    from .producer import submit
+    from .registry import get_tool
 
     def enqueue(record: EffectRecord) -> str:
-        from ..tool import get_tool
-
         request = record.request or {}
         scope, args = request.get("scope"), request.get("args")
         if not isinstance(scope, str) or not isinstance(args, dict):

@@ -1,0 +1,154 @@
+"""A metrics endpoint and a worker pool's multiprocess directory."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.registry import Collector
+
+from .collector import LedgerCollector
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from dedupe import Ledger
+
+__all__ = ["ENV_DIR", "MetricsServer", "exposition", "prepare_dir", "reap", "remove_dir", "serve"]
+
+log = logging.getLogger("effectq.metrics")
+
+ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Union:
+    def __init__(self, *sources: Collector) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterable[Metric]:
+        for source in self._sources:
+            yield from source.collect()
+
+
+def exposition(
+    ledger: Callable[[], Ledger],
+    *,
+    multiprocess_dir: str | None = None,
+    broker_url: str = "",
+    queues: Sequence[str] = (),
+) -> Collector:
+    """What an endpoint serves: the process-local metrics (the sum over a multiprocess
+    directory, else this process's registry) and the scrape-time ledger and broker series."""
+    path = multiprocess_dir if multiprocess_dir is not None else os.environ.get(ENV_DIR)
+    local: Collector = (
+        MultiProcessCollector(None, path=path)  # type: ignore[no-untyped-call]
+        if path
+        else REGISTRY
+    )
+    return _Union(local, LedgerCollector(ledger, broker_url=broker_url, queues=queues))
+
+
+@dataclass
+class MetricsServer:
+    """A running exposition endpoint (a daemon thread)."""
+
+    host: str
+    port: int
+    _server: WSGIServer = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(
+    port: int,
+    host: str,
+    ledger: Callable[[], Ledger],
+    *,
+    multiprocess_dir: str | None = None,
+    broker_url: str = "",
+    queues: Sequence[str] = (),
+) -> MetricsServer | None:
+    """Serve ``exposition(...)`` on ``host:port`` from a daemon thread; None when the port is
+    0 or cannot be bound (logged: a busy metrics port must not stop a worker pool or a
+    reconciler)."""
+    if port <= 0:
+        return None
+    source = exposition(
+        ledger, multiprocess_dir=multiprocess_dir, broker_url=broker_url, queues=queues
+    )
+    try:
+        server, thread = start_http_server(port, addr=host, registry=source)
+    except OSError as exc:
+        log.error("metrics: cannot listen on %s:%d: %s", host, port, exc)
+        return None
+    log.info("metrics on http://%s:%d/metrics", host, port)
+    return MetricsServer(host, port, server, thread)
+
+
+# -- the multiprocess directory of a worker pool --------------------------------------------
+
+_DB = re.compile(r"^(?:counter|histogram|summary|gauge_[a-z]+)_(\d+)\.db$")
+_LIVE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
+
+
+def prepare_dir(configured: str = "") -> tuple[Path, bool]:
+    """The pool's multiprocess directory, emptied of every earlier run's files: the
+    configured one (EFFECTQ_METRICS_DIR, then an inherited PROMETHEUS_MULTIPROC_DIR), else a
+    fresh temporary one. Returns (path, whether it was created here, to remove at exit)."""
+    chosen = configured or os.environ.get(ENV_DIR, "")
+    if not chosen:
+        return Path(tempfile.mkdtemp(prefix="effectq-metrics-")), True
+    path = Path(chosen)
+    path.mkdir(parents=True, exist_ok=True)
+    for entry in path.iterdir():
+        if _DB.match(entry.name):
+            entry.unlink(missing_ok=True)
+    return path, False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap(path: Path) -> list[int]:
+    """``mark_process_dead`` for every gone process that left live-gauge files in ``path``
+    (the only files it concerns); the pids reaped. A pool's metrics are written by
+    Dramatiq's forked worker processes, whose pids the supervisor never sees, hence the
+    directory is the list. Counters and histograms of a dead process stay in the sum: its
+    work is still done."""
+    pids = {int(m.group(1)) for e in path.iterdir() if (m := _LIVE.match(e.name))}
+    dead = sorted(pid for pid in pids if not _alive(pid))
+    for pid in dead:
+        mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
+    return dead
+
+
+def remove_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path)
