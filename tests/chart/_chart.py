@@ -150,6 +150,24 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
     return only
 
 
+def block(document: str, key: str, indent: int) -> str:
+    """The text under `key:` (a top-level key of `document`), dedented by `indent`."""
+    lines = document.split("\n")
+    start = lines.index(f"{key}:") + 1
+    kept = []
+    for line in lines[start:]:
+        if line and not line.startswith(" " * indent):
+            break
+        kept.append(line[indent:])
+    return "\n".join(kept).rstrip("\n") + "\n"
+
+
+def rules_file(files: dict[str, str]) -> str:
+    """The rendered PrometheusRule's spec, as a Prometheus rules file."""
+    (document,) = [d for d in files["templates/prometheusrule.yaml"].split("---\n") if d]
+    return block(document, "spec", 2)
+
+
 def option(args: list[str], flag: str) -> list[str]:
     """Every value given to `flag` in a container's args."""
     return [args[i + 1] for i, arg in enumerate(args) if arg == flag]
