@@ -18,6 +18,7 @@ from tests.chart._chart import (
     ROOT,
     VARIANTS,
     Rendered,
+    container,
     helm_template,
     rules_file,
 )
@@ -52,7 +53,9 @@ def test_dashboard_configmap_carries_the_validated_json(variants: dict[str, Rend
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "effectq"}
 
 
-def test_a_packaged_chart_carries_the_rules_and_the_dashboard_not_a_link(helm: ModuleType, tmp_path: Path) -> None:
+def test_a_packaged_chart_carries_the_rules_and_the_dashboard_not_a_link(
+    helm: ModuleType, tmp_path: Path
+) -> None:
     # files/ holds a symlink into deploy/; `helm package` must store its contents.
     archive = helm.package(CHART, destination=tmp_path)
     with helm.Chart.load_archive(Path(archive).read_bytes()) as packaged:
@@ -89,6 +92,16 @@ def test_service_monitor_scrapes_every_pod_through_the_metrics_service(
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 9191, "targetPort": "metrics", "protocol": "TCP"}
     ]
-    pods = [d["spec"]["template"]["metadata"]["labels"] for d in rendered.all("Deployment")]
-    assert len(pods) == 2
+    # Unready pods too: during a ledger outage every pod is unready, and its
+    # effectq_ledger_up 0 is what EffectqLedgerDown reads.
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    serving = [
+        d for d in rendered.all("Deployment")
+        if any(p["name"] == "metrics" for p in container(d)["ports"])
+    ]  # fmt: skip
+    assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in serving} == {
+        "worker",
+        "reconciler",
+    }
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in serving]
     assert all(service["spec"]["selector"].items() <= labels.items() for labels in pods)

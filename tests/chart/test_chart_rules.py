@@ -77,7 +77,10 @@ def test_thresholds_severities_switches_and_runbook_urls_come_from_values(
                 "name": "a lag of 2 minutes is under the tuned 300 s; 10 minutes is not",
                 "interval": "1m",
                 "input_series": [
-                    {"series": f"effectq_reconciler_lag_seconds{{{labels}}}", "values": "120x9 600x10"},
+                    {
+                        "series": f"effectq_reconciler_lag_seconds{{{labels}}}",
+                        "values": "120x9 600x10",
+                    },
                     {"series": f"effectq_ledger_up{{{labels}}}", "values": "1x19"},
                 ],
                 "alert_rule_test": [
@@ -110,6 +113,8 @@ def test_thresholds_severities_switches_and_runbook_urls_come_from_values(
 def test_every_alert_can_be_switched_off(render: Render) -> None:
     names = _alerts(rules_file(render({"metrics": {"prometheusRule": {"enabled": True}}}).files))
     off = {name: {"enabled": False} for name in names}
-    rules = rules_file(render({"metrics": {"prometheusRule": {"enabled": True, "alerts": off}}}).files)
+    rules = rules_file(
+        render({"metrics": {"prometheusRule": {"enabled": True, "alerts": off}}}).files
+    )
     assert _alerts(rules) == {}
     assert [g["name"] for g in yaml.safe_load(rules)["groups"]] == ["effectq.recording"]

@@ -1,6 +1,7 @@
 """deploy/prometheus: promtool checks the rules (the chart's default render, see
-tests/chart/regenerate.py) and runs their unit tests; every alert has a test; the rules and the Grafana dashboard name only series effectq exposes. The dashboard
-round-trips through grafana-foundation-sdk's 11.x models (no field unknown to the schema).
+tests/chart/regenerate.py) and runs their unit tests; every alert has a test; the rules
+and the Grafana dashboard name only series effectq exposes. The dashboard round-trips
+through grafana-foundation-sdk's 11.x models (no field unknown to the schema).
 
 promtool comes with Debian's ``prometheus`` package (.ci/run installs it); without it these
 tests skip, except with CI=true, where they fail."""
