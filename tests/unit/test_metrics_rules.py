@@ -141,3 +141,23 @@ def test_dashboard_shows_what_an_sre_needs() -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["tool"]["query"] == "label_values(effectq_claims_total, tool)"
+
+
+def test_dashboard_opens_with_a_health_row() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    first, *rest = board["panels"]
+    assert (first["type"], first["title"], first["gridPos"]["y"]) == ("row", "Health", 0)
+    row = [p for p in rest if p["gridPos"]["y"] == 1]
+    exprs = {p["title"]: p["targets"][0]["expr"] for p in row}
+    wanted = {
+        "Ledger up": "effectq_ledger_up",
+        "UNKNOWN backlog": "effectq_unknown_effects",
+        "UNKNOWN backlog not empty for": "effectq_unknown_effects",
+        "Dead letters (1 h)": "effectq_dead_letters_total",
+        "Worker restarts (1 h)": "effectq_worker_restarts_total",
+        "Last reconciler pass": "effectq_reconciler_last_pass_timestamp_seconds",
+    }
+    for title, needle in wanted.items():
+        assert needle in exprs[title], title
+    # Every other panel sits below the row.
+    assert all(p["gridPos"]["y"] > 1 for p in rest if p not in row)
