@@ -118,3 +118,21 @@ def test_every_alert_can_be_switched_off(render: Render) -> None:
     )
     assert _alerts(rules) == {}
     assert [g["name"] for g in yaml.safe_load(rules)["groups"]] == ["effectq.recording"]
+
+
+RUNBOOKS = ROOT / "docs" / "runbooks"
+
+
+def test_every_alert_has_a_runbook_that_its_url_names(render: Render) -> None:
+    alerts = _alerts(rules_file(render({"metrics": {"prometheusRule": {"enabled": True}}}).files))
+    for name, alert in alerts.items():
+        assert alert["annotations"]["runbook_url"] == f"docs/runbooks/{name}.md"
+        page = (RUNBOOKS / f"{name}.md").read_text()
+        assert page.startswith(f"# {name}\n"), name
+        for section in ("## Impact", "## First commands", "## Resolve", "## Escalation"):
+            assert section in page, f"{name}: {section}"
+        assert f"**Severity: {alert['labels']['severity']}.**" in page, name
+    pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"README"}
+    assert pages == set(alerts), "a runbook without an alert, or the reverse"
+    index = (RUNBOOKS / "README.md").read_text()
+    assert all(f"[{name}.md]({name}.md)" in index for name in alerts)
