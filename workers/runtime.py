@@ -169,7 +169,9 @@ def install(runtime: Runtime) -> Runtime:
     global _installed
     with _lock:
         configure_process(runtime.settings)
-        dramatiq.set_broker(runtime.broker)
+        # Re-adopting re-points effectq's middleware at this runtime (a broker shared with
+        # an earlier runtime of this process).
+        dramatiq.set_broker(runtime._adopt(runtime.broker))
         _installed = runtime
     for tool in registry.tools():
         tool.bind(runtime)

@@ -37,6 +37,38 @@ VARIANTS: dict[str, dict[str, Any]] = {
                     "limits": {"cpu": "4", "memory": "2Gi"},
                 },
                 "autoscaling": {"kind": "hpa", "minReplicas": 2, "maxReplicas": 6},
+                "env": [{"name": "PAYMENTS_REGION", "value": "eu"}],
+                "envFrom": [{"secretRef": {"name": "payments-keys"}}],
+                "extraVolumes": [{"name": "payments-cert", "secret": {"secretName": "psp-client"}}],
+                "extraVolumeMounts": [
+                    {"name": "payments-cert", "mountPath": "/etc/psp", "readOnly": True}
+                ],
+                "priorityClassName": "payments-critical",
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "pool", "operator": "In", "values": ["payments"]}
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                },
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"effectq.io/pool": "payments"}},
+                    }
+                ],
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                },
             },
             {
                 "name": "email",
@@ -58,11 +90,35 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "poolDefaults": {"autoscaling": {"kind": "keda"}},
         "keda": {"broker": "rabbitmq", "authenticationRef": "effectq-rabbitmq"},
         "nodeSelector": {"kubernetes.io/os": "linux"},
+        "env": [
+            {
+                "name": "PROVIDER_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "provider", "key": "token"}},
+            },
+        ],
+        "extraVolumes": [{"name": "redis-ca", "secret": {"secretName": "redis-ca"}}],
+        "extraVolumeMounts": [
+            {"name": "redis-ca", "mountPath": "/etc/effectq/redis-ca", "readOnly": True}
+        ],
+        "priorityClassName": "effectq",
+        "revisionHistoryLimit": 3,
+        "reconciler": {"envFrom": [{"configMapRef": {"name": "lookup-settings"}}]},
+        "api": {
+            "enabled": True,
+            "tokens": {"existingSecret": "effectq-api-tokens"},
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "host": "effectq.example",
+                "tls": [{"secretName": "effectq-tls", "hosts": ["effectq.example"]}],
+            },
+        },
         "tolerations": [{"key": "workload", "operator": "Equal", "value": "effectq"}],
         "networkPolicy": {
             "metricsFrom": [
                 {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}},
             ],
+            "apiFrom": [{"namespaceSelector": {"matchLabels": {"name": "ingress-nginx"}}}],
             "egress": {
                 "ledger": {
                     "to": [{"podSelector": {"matchLabels": {"app": "ledger-redis"}}}],
@@ -137,6 +193,7 @@ def helm_template(manifests: dict[str, str]) -> tuple[dict[str, str], str]:
 
 
 RECONCILER = f"{RELEASE}-effectq-reconciler"
+API = f"{RELEASE}-effectq-api"
 
 
 def worker_name(pool: str) -> str:
@@ -148,6 +205,24 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
     assert len(containers) == 1
     only: dict[str, Any] = containers[0]
     return only
+
+
+def block(document: str, key: str, indent: int) -> str:
+    """The text under `key:` (a top-level key of `document`), dedented by `indent`."""
+    lines = document.split("\n")
+    start = lines.index(f"{key}:") + 1
+    kept = []
+    for line in lines[start:]:
+        if line and not line.startswith(" " * indent):
+            break
+        kept.append(line[indent:])
+    return "\n".join(kept).rstrip("\n") + "\n"
+
+
+def rules_file(files: dict[str, str]) -> str:
+    """The rendered PrometheusRule's spec, as a Prometheus rules file."""
+    (document,) = [d for d in files["templates/prometheusrule.yaml"].split("---\n") if d]
+    return block(document, "spec", 2)
 
 
 def option(args: list[str], flag: str) -> list[str]:

@@ -1,47 +1,46 @@
 """The alerts and the dashboard the chart ships are the files the repository tests
-(deploy/prometheus/rules.yml, deploy/grafana/effectq.json), and Prometheus finds the pods."""
+(deploy/prometheus/rules.yml is the rules' default render, deploy/grafana/effectq.json is
+carried byte for byte), and Prometheus finds the pods."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import yaml
 
-from tests.chart._chart import CHART, NAMESPACE, RELEASE, ROOT, VARIANTS, Rendered, helm_template
+from tests.chart._chart import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    VARIANTS,
+    Rendered,
+    container,
+    helm_template,
+    rules_file,
+)
+from tests.chart.regenerate import RULES, default_rules
 
-RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+REGENERATE = "regenerate it: python -m tests.chart.regenerate"
 DASHBOARD = ROOT / "deploy" / "grafana" / "effectq.json"
 
 
-def _block(document: str, key: str, indent: int) -> str:
-    """The text under `key:` (a top-level key of `document`), dedented by `indent`."""
-    lines = document.split("\n")
-    start = lines.index(f"{key}:") + 1
-    block = []
-    for line in lines[start:]:
-        if line and not line.startswith(" " * indent):
-            break
-        block.append(line[indent:])
-    return "\n".join(block).rstrip("\n") + "\n"
+def test_deploy_rules_file_is_the_default_render(chart: Any) -> None:
+    # Prometheus setups without Helm use the file; it must be what the chart ships.
+    assert default_rules(chart) == RULES.read_text(), REGENERATE
 
 
-def _rule_document(files: dict[str, str]) -> str:
-    """The PrometheusRule's text, as rendered."""
-    (document,) = [d for d in files["templates/prometheusrule.yaml"].split("---\n") if d]
-    return document
-
-
-def test_prometheus_rule_carries_the_tested_rules_file_byte_for_byte(
+def test_prometheus_rule_carries_the_rules_and_prometheus_templates_untouched(
     variants: dict[str, Rendered],
 ) -> None:
     rendered = variants["full"]
-    assert _block(_rule_document(rendered.files), "spec", 2).encode() == RULES.read_bytes()
     rule = rendered.one("PrometheusRule", "eq-effectq")
-    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    assert rule["spec"] == yaml.safe_load(rules_file(rendered.files))
     assert rule["metadata"]["labels"]["release"] == "prometheus"
-    # Prometheus's own templates reach it untouched (Helm does not template .Files).
+    # Prometheus's own templates reach it as written (the template holds them raw).
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert "{{ $labels.tool }}" in alerts["EffectqUnknownEffects"]["annotations"]["summary"]
 
@@ -54,14 +53,20 @@ def test_dashboard_configmap_carries_the_validated_json(variants: dict[str, Rend
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "effectq"}
 
 
-def test_a_packaged_chart_carries_the_files_not_links(helm: ModuleType, tmp_path: Path) -> None:
-    # files/ holds symlinks into deploy/; `helm package` must store their contents.
+def test_a_packaged_chart_carries_the_rules_and_the_dashboard_not_a_link(
+    helm: ModuleType, tmp_path: Path
+) -> None:
+    # files/ holds a symlink into deploy/; `helm package` must store its contents.
     archive = helm.package(CHART, destination=tmp_path)
     with helm.Chart.load_archive(Path(archive).read_bytes()) as packaged:
         files, _ = helm_template(
             packaged.render(VARIANTS["full"], name=RELEASE, namespace=NAMESPACE)
         )
-    assert _block(_rule_document(files), "spec", 2).encode() == RULES.read_bytes()
+    assert rules_file(files) == RULES.read_text()
+    (dashboard,) = [
+        o for o in yaml.safe_load_all(files["templates/dashboard.yaml"]) if o
+    ]  # the dashboard ConfigMap
+    assert dashboard["data"]["effectq.json"] == DASHBOARD.read_text()
 
 
 def test_monitoring_objects_are_opt_in(variants: dict[str, Rendered]) -> None:
@@ -87,6 +92,16 @@ def test_service_monitor_scrapes_every_pod_through_the_metrics_service(
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 9191, "targetPort": "metrics", "protocol": "TCP"}
     ]
-    pods = [d["spec"]["template"]["metadata"]["labels"] for d in rendered.all("Deployment")]
-    assert len(pods) == 2
+    # Unready pods too: during a ledger outage every pod is unready, and its
+    # effectq_ledger_up 0 is what EffectqLedgerDown reads.
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    serving = [
+        d for d in rendered.all("Deployment")
+        if any(p["name"] == "metrics" for p in container(d)["ports"])
+    ]  # fmt: skip
+    assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in serving} == {
+        "worker",
+        "reconciler",
+    }
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in serving]
     assert all(service["spec"]["selector"].items() <= labels.items() for labels in pods)

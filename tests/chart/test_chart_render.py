@@ -8,6 +8,7 @@ from types import ModuleType
 import pytest
 
 from tests.chart._chart import (
+    API,
     CHART,
     NAMESPACE,
     RECONCILER,
@@ -85,26 +86,47 @@ def test_hpa_variant_scales_every_pool_by_cpu_and_drops_replicas(
     assert rendered.all("ScaledObject") == []
 
 
-def test_keda_variant_scales_on_the_dramatiq_list_of_each_queue(
+def test_keda_variant_scales_on_each_queue_and_wakes_for_its_delay_queue(
     variants: dict[str, Rendered],
 ) -> None:
     rendered = variants["keda"]
     scaled = rendered.one("ScaledObject", worker_name("default"))
     assert scaled["spec"]["scaleTargetRef"] == {"name": worker_name("default")}
+    redis = {"address": "effectq-broker:6379", "databaseIndex": "0", "enableTLS": "false"}
     assert scaled["spec"]["triggers"] == [
         {
             "type": "redis",
-            "metadata": {
-                "address": "effectq-broker:6379",
-                "databaseIndex": "0",
-                "enableTLS": "false",
-                "listName": "dramatiq:effectq",
-                "listLength": "50",
+            "name": "effectq",
+            "metadata": redis
+            | {"listName": "dramatiq:effectq", "listLength": "50", "activationListLength": "0"},
+        },
+        {
+            # Retries waiting in Dramatiq's delay queue: one replica, not one per 50.
+            "type": "redis",
+            "name": "effectq-delayed",
+            "metadata": redis
+            | {
+                "listName": "dramatiq:effectq.DQ",
+                "listLength": "1000000",
+                "activationListLength": "0",
             },
-        }
+        },
     ]
+    assert "advanced" not in scaled["spec"]
     assert "replicas" not in rendered.one("Deployment", worker_name("default"))["spec"]
     assert rendered.all("HorizontalPodAutoscaler") == []
+
+
+def test_keda_advanced_is_passed_through(render: Render) -> None:
+    advanced = {
+        "restoreToOriginalReplicaCount": True,
+        "horizontalPodAutoscalerConfig": {
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}}
+        },
+    }
+    values = VARIANTS["keda"] | {"keda": VARIANTS["keda"]["keda"] | {"advanced": advanced}}
+    scaled = render(values).one("ScaledObject", worker_name("default"))
+    assert scaled["spec"]["advanced"] == advanced
 
 
 def test_pools_choose_their_own_autoscaler(variants: dict[str, Rendered]) -> None:
@@ -118,29 +140,35 @@ def test_pools_choose_their_own_autoscaler(variants: dict[str, Rendered]) -> Non
     assert (email["minReplicaCount"], email["maxReplicaCount"]) == (0, 10)
     assert [t["metadata"]["listName"] for t in email["triggers"]] == [
         "dramatiq:email",
+        "dramatiq:email.DQ",
         "dramatiq:email-bulk",
+        "dramatiq:email-bulk.DQ",
     ]
-    assert {t["metadata"]["listLength"] for t in email["triggers"]} == {"200"}
+    assert [t["metadata"]["listLength"] for t in email["triggers"]] == ["200", "1000000"] * 2
     for pool in ("payments", "email"):
         assert "replicas" not in rendered.one("Deployment", worker_name(pool))["spec"]
 
 
-def test_keda_on_rabbitmq_reads_the_queue_through_the_pods_broker_url(
+def test_keda_on_rabbitmq_reads_both_queues_through_the_pods_broker_url(
     variants: dict[str, Rendered],
 ) -> None:
     scaled = variants["full"].one("ScaledObject", worker_name("default"))
+    common = {"protocol": "amqp", "mode": "QueueLength", "hostFromEnv": "EFFECTQ_BROKER_URL"}
+    auth = {"authenticationRef": {"name": "effectq-rabbitmq"}}
     assert scaled["spec"]["triggers"] == [
         {
             "type": "rabbitmq",
-            "metadata": {
-                "protocol": "amqp",
-                "mode": "QueueLength",
-                "value": "50",
-                "queueName": "effectq",
-                "hostFromEnv": "EFFECTQ_BROKER_URL",
-            },
-            "authenticationRef": {"name": "effectq-rabbitmq"},
+            "name": "effectq",
+            "metadata": common | {"value": "50", "activationValue": "0", "queueName": "effectq"},
         }
+        | auth,
+        {
+            "type": "rabbitmq",
+            "name": "effectq-delayed",
+            "metadata": common
+            | {"value": "1000000", "activationValue": "0", "queueName": "effectq.DQ"},
+        }
+        | auth,
     ]
     # KEDA reads hostFromEnv from the scale target's container.
     worker = container(variants["full"].one("Deployment", worker_name("default")))
@@ -174,7 +202,9 @@ def test_settings_become_the_effectq_environment(variants: dict[str, Rendered]) 
     }
     for deployment in full.all("Deployment"):
         spec = container(deployment)
-        assert spec["envFrom"] == [{"configMapRef": {"name": "eq-effectq"}}]
+        assert spec["envFrom"][0] == {"configMapRef": {"name": "eq-effectq"}}
+        if deployment["metadata"]["name"] == API:
+            continue  # no metrics port: it serves HTTP on its own
         metrics_port = next(e for e in spec["env"] if e["name"] == "EFFECTQ_METRICS_PORT")
         assert metrics_port["value"] == "9191" == str(spec["ports"][0]["containerPort"])
 
@@ -193,7 +223,7 @@ def test_urls_come_from_the_chart_secret_or_an_existing_one(
             refs = {
                 e["name"]: e["valueFrom"]["secretKeyRef"]
                 for e in container(deployment)["env"]
-                if "valueFrom" in e
+                if e["name"] in ("EFFECTQ_REDIS_URL", "EFFECTQ_BROKER_URL")
             }
             assert refs == {
                 "EFFECTQ_REDIS_URL": {"name": name, "key": "EFFECTQ_REDIS_URL"},

@@ -19,7 +19,7 @@ KUBERNETES = "1.30"
 # Custom resources: kubernetes-validate has no schema for them (their operators' CRDs do).
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
 # checkov checks the chart skips, each with its reason in the annotation (docs/helm.md).
-SKIPPED = {"CKV_K8S_35", "CKV_K8S_43"}
+SKIPPED = {"CKV_K8S_15", "CKV_K8S_35", "CKV_K8S_43"}
 
 
 def _tool(name: str) -> ModuleType:
@@ -90,13 +90,15 @@ def test_checkov_skips_only_what_the_chart_annotates_with_a_reason(
     skipped = checkov["results"]["skipped_checks"]
     assert {r["check_id"] for r in skipped} == SKIPPED
     assert all(len(r["check_result"]["suppress_comment"]) > 20 for r in skipped)
-    # The digest skip goes away once the image is pinned by digest, and the check passes.
-    assert not [r for r in skipped if r["check_id"] == "CKV_K8S_43" and _variant(r) == "full"]
-    digest = [
-        r for r in checkov["results"]["passed_checks"]
-        if r["check_id"] == "CKV_K8S_43" and _variant(r) == "full"
-    ]  # fmt: skip
-    assert len(digest) == len(variants["full"].all("Deployment"))
+    # The digest and pull-policy skips go away once the image is pinned by digest, and
+    # both checks pass.
+    for check in ("CKV_K8S_43", "CKV_K8S_15"):
+        assert not [r for r in skipped if r["check_id"] == check and _variant(r) == "full"]
+        passed = [
+            r for r in checkov["results"]["passed_checks"]
+            if r["check_id"] == check and _variant(r) == "full"
+        ]  # fmt: skip
+        assert len(passed) == len(variants["full"].all("Deployment")), check
 
 
 _YAMLLINT = """

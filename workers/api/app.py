@@ -11,12 +11,15 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import Any
 
+import redis
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse
+
+from dedupe import EffectqError
 
 from .. import registry
-from ..runtime import Runtime, install
+from ..runtime import Runtime, current, install
 from ..settings import Settings
 from . import console, problems, routes
 from .auth import Tokens, parse_tokens
@@ -30,6 +33,21 @@ progress, and act on effects as an operator. Bodies are the JSON documents of th
 `effectq … --json` commands. Authenticate with `Authorization: Bearer <token>`; a token's
 scopes (`submit`, `read`, `operate`) decide which routes it may call, and operator actions
 are audited under the token's name."""
+
+
+def healthz() -> dict[str, str]:
+    """Liveness: the process serves requests. No token, no ledger."""
+    return {"status": "ok"}
+
+
+def readyz() -> JSONResponse:
+    """Readiness: the ledger answers (503 while it does not: every route needs it). No
+    token."""
+    try:
+        current().ledger().server_time_ms()
+    except (EffectqError, redis.RedisError):
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 def _build(tokens: Tokens, cfg: Settings) -> FastAPI:
@@ -50,6 +68,14 @@ def _build(tokens: Tokens, cfg: Settings) -> FastAPI:
     app.include_router(console.router)
     app.add_api_route(
         "/", lambda: RedirectResponse("/console", status_code=303), include_in_schema=False
+    )
+    # Probes for Kubernetes (charts/effectq): outside /v1, unauthenticated, no detail.
+    app.add_api_route("/healthz", healthz, methods=["GET"])
+    app.add_api_route(
+        "/readyz",
+        readyz,
+        methods=["GET"],
+        responses={503: {"description": "the ledger does not answer"}},
     )
     app.add_middleware(AccessLog)
     # Outermost: an oversized body is refused before anything reads it.

@@ -92,6 +92,9 @@ checkov skips shared by every Deployment, each with its reason (docs/helm.md lis
 checkov.io/skip1: "CKV_K8S_35=effectq reads its ledger and broker URLs from the environment only"
 {{- if not .Values.image.digest }}
 checkov.io/skip2: "CKV_K8S_43=image.digest is empty, so the image is pinned by its tag only"
+{{- if ne .Values.image.pullPolicy "Always" }}
+checkov.io/skip3: "CKV_K8S_15=image.pullPolicy IfNotPresent: effectq's release tags are immutable"
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -120,46 +123,121 @@ seccompProfile:
 
 {{/*
 The environment every effectq container gets: the settings ConfigMap, the two URLs from
-the Secret, the metrics port.
+the Secret, the metrics port; then the global `env`/`envFrom` and the component's own
+(`.scope`: a pool, the reconciler, the API). A later source wins for a name in envFrom;
+the chart's own names are refused in `env` by the schema.
 */}}
 {{- define "effectq.env" -}}
+{{- $root := .root -}}
 envFrom:
   - configMapRef:
-      name: {{ include "effectq.fullname" . }}
+      name: {{ include "effectq.fullname" $root }}
+  {{- with concat ($root.Values.envFrom | default list) (.scope.envFrom | default list) }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 env:
   - name: EFFECTQ_REDIS_URL
     valueFrom:
       secretKeyRef:
-        name: {{ include "effectq.secretName" . }}
+        name: {{ include "effectq.secretName" $root }}
         key: EFFECTQ_REDIS_URL
   - name: EFFECTQ_BROKER_URL
     valueFrom:
       secretKeyRef:
-        name: {{ include "effectq.secretName" . }}
+        name: {{ include "effectq.secretName" $root }}
         key: EFFECTQ_BROKER_URL
+  {{- with .metricsPort }}
   - name: EFFECTQ_METRICS_PORT
-    value: {{ .Values.metrics.port | quote }}
+    value: {{ . | quote }}
+  {{- end }}
+  {{- with concat ($root.Values.env | default list) (.scope.env | default list) }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end -}}
 
 {{/*
-The metrics port, and liveness and readiness on it: the port accepts connections (a TCP
-check, not a scrape: a scrape reads the ledger).
+The extra volumes and their mounts (global, then the component's). A mount must name a
+volume the chart or the values define.
+*/}}
+{{- define "effectq.extraVolumes" -}}
+{{- with concat (.root.Values.extraVolumes | default list) (.scope.extraVolumes | default list) }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "effectq.extraVolumeMounts" -}}
+{{- $volumes := concat (.root.Values.extraVolumes | default list) (.scope.extraVolumes | default list) -}}
+{{- $names := list "tmp" "metrics" -}}
+{{- range $volumes -}}
+{{- if has .name $names -}}
+{{- fail (printf "extraVolumes: the name %q is used twice or is the chart's own" .name) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- $mounts := concat (.root.Values.extraVolumeMounts | default list) (.scope.extraVolumeMounts | default list) -}}
+{{- range $mounts -}}
+{{- if not (has .name $names) -}}
+{{- fail (printf "extraVolumeMounts: %q names no volume of extraVolumes" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- with $mounts }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Scheduling beyond nodeSelector and tolerations: affinity, priority class and topology
+spread, a component's own value replacing the global one. The default spread is soft
+(ScheduleAnyway) over `.selector`, the Deployment's own pods.
+*/}}
+{{- define "effectq.placement" -}}
+{{- $root := .root -}}
+{{- with .scope.affinity | default $root.Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .scope.priorityClassName | default $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- if .scope.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml .scope.topologySpreadConstraints | nindent 2 }}
+{{- else if $root.Values.topologySpread.enabled }}
+{{- with $root.Values.topologySpread }}
+topologySpreadConstraints:
+  - maxSkew: {{ .maxSkew }}
+    topologyKey: {{ .topologyKey }}
+    whenUnsatisfiable: {{ .whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- $.selector | nindent 8 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The metrics port and the probes on it: startup and liveness on /healthz (a dead or stalled
+child, too many quick restarts, a reconciler with no finished pass), readiness on /readyz
+(every child booted and the ledger answers). Neither reads the ledger's counters (a scrape
+does).
 */}}
 {{- define "effectq.probes" -}}
+{{- $probes := .Values.probes -}}
 ports:
   - name: metrics
     containerPort: {{ .Values.metrics.port }}
     protocol: TCP
-livenessProbe:
-  tcpSocket:
-    port: metrics
-  initialDelaySeconds: 10
-  periodSeconds: 10
-  failureThreshold: 6
-readinessProbe:
-  tcpSocket:
-    port: metrics
-  periodSeconds: 10
+{{- include "effectq.httpProbes" (dict "probes" $probes "port" "metrics") }}
+{{- end -}}
+
+{{- define "effectq.httpProbes" -}}
+{{- range $kind, $path := dict "startupProbe" "/healthz" "livenessProbe" "/healthz" "readinessProbe" "/readyz" }}
+{{ $kind }}:
+  httpGet:
+    path: {{ $path }}
+    port: {{ $.port }}
+  {{- toYaml (index $.probes (trimSuffix "Probe" $kind)) | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/*
