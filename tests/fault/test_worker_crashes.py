@@ -19,6 +19,7 @@ from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
 from workers.dev.local import FAST_ENV, LocalStack
 from workers.dev.redis_server import RedisServer
+from workers.examples import ExampleSettings
 from workers.settings import Settings
 
 
@@ -114,7 +115,9 @@ def test_sigterm_during_a_slow_effect_finishes_and_acks(fenceless: LocalStack) -
 
 
 def _default(name: str) -> int:
-    value: int = Settings.model_fields[name].default
+    # The core settings, or the example tools' own (their lease and settle window).
+    fields = {**Settings.model_fields, **ExampleSettings.model_fields}
+    value: int = fields[name].default
     return value
 
 
