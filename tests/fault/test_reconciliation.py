@@ -183,7 +183,8 @@ def test_a_reconciler_lacking_a_tools_spec_leaves_its_claims_to_one_that_has_it(
         ledger.claim(effect, lease_s=0.05, holder="dead/1")
     time.sleep(0.1)  # every lease runs out on the server's clock
 
-    outcomes = Reconciler(ledger, {"known_tool": known}).run_once()
+    counted = metrics.ReconcilerMetrics()  # the observer `effectq reconciler` passes
+    outcomes = Reconciler(ledger, {"known_tool": known}, observer=counted).run_once()
 
     assert outcomes == {"unknown": 1, "unowned": 3}
     for effect in theirs:  # not taken over, not made UNKNOWN: left as they were
@@ -195,5 +196,5 @@ def test_a_reconciler_lacking_a_tools_spec_leaves_its_claims_to_one_that_has_it(
     other = Reconciler(ledger, {"foreign_tool": foreign})
     assert other.group != Reconciler(ledger, {"known_tool": known}).group
     assert other.run_once() == {"unknown": 3}
-    assert Reconciler(ledger, {"known_tool": known}).run_once() == {}
+    assert Reconciler(ledger, {"known_tool": known}, observer=counted).run_once() == {}
     assert gauge("effectq_reconciler_unowned_claims", {"tool": "foreign_tool"}) == 0
