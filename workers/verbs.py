@@ -10,8 +10,11 @@ which needs the tools (``EFFECTQ_TOOLS``) loaded. Nothing here imports the web f
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dedupe import MessageError, OperatorError, State, Write
@@ -26,14 +29,21 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 __all__ = [
+    "MAX_PAGE",
     "WorkQueue",
+    "audit_page",
     "audit_trail",
     "await_receipt",
     "campaign_status",
+    "dead_letters",
+    "effects_page",
+    "find_keys",
     "inspect",
     "list_effects",
     "operator",
+    "parse_since",
     "reader",
+    "recheck",
     "replay",
     "resolve",
     "revoke",
@@ -66,6 +76,119 @@ def inspect(ops: Operator, key: str) -> EffectRecord:
     return ops.inspect(key)
 
 
+# A page is bounded (the stream and index reads go on by cursor, never by a bigger page).
+MAX_PAGE = 1000
+_YEAR_S = 366 * 86400
+_STREAM_ID = re.compile(r"[0-9]{1,16}-[0-9]{1,16}")
+_PREFIX = re.compile(r"[0-9a-f]{12,64}")
+
+
+def parse_since(text: str | None, *, now_ms: Callable[[], int], what: str = "since") -> int | None:
+    """A time bound as the faces take it: an ISO 8601 time (UTC unless it names its
+    offset) or a number of seconds ago (up to a year), as ledger ms; MessageError else."""
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not (math.isfinite(seconds) and 0 <= seconds <= _YEAR_S):
+            raise MessageError(f"{what}: seconds ago must be between 0 and {_YEAR_S}")
+        return now_ms() - int(seconds * 1000)
+    if len(text) > 40:
+        raise MessageError(f"{what}: not a time (ISO 8601, or seconds ago)")
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise MessageError(f"{what}: not a time (ISO 8601, or seconds ago)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if not 2000 <= moment.year <= 9999:
+        raise MessageError(f"{what}: the year must be between 2000 and 9999")
+    return int(moment.timestamp() * 1000)
+
+
+def _page_size(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise MessageError(f"limit must be between 1 and {MAX_PAGE}")
+    return limit
+
+
+def _stream_cursor(cursor: str | None) -> str | None:
+    if cursor is not None and not _STREAM_ID.fullmatch(cursor):
+        raise MessageError("not a cursor of this stream (pass the one a page handed out)")
+    return cursor
+
+
+def effects_page(
+    ops: Operator,
+    *,
+    state: State | None = None,
+    tool: str | None = None,
+    since_ms: int | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``list --since/--cursor --json``: a page of the state indexes and the next cursor."""
+    records, following = ops.page(
+        state=state, tool=tool, since_ms=since_ms, cursor=cursor, limit=_page_size(limit)
+    )
+    return {"effects": [r.as_dict() for r in records], "next_cursor": following}
+
+
+def find_keys(ops: Operator, text: str, *, limit: int = 100) -> list[EffectRecord]:
+    """Key search: the record of an exact key, or of keys starting with ``text`` (at least
+    12 hex digits, as a log line shows a key; the ledger scans for them)."""
+    text = text.strip().lower()
+    if not _PREFIX.fullmatch(text):
+        raise MessageError("a key search needs an effect key or its first 12+ hex digits")
+    keys = [text] if len(text) == 64 else ops.ledger.keys_with_prefix(text, limit=limit)
+    return [r for r in ops.ledger.get_many(keys).values() if r is not None]
+
+
+def dead_letters(
+    ops: Operator,
+    *,
+    since_ms: int | None = None,
+    tool: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``deadletters --json``: the dead-letter stream newest first (reason, tool, message
+    id, key) and the cursor of the next page."""
+    entries, following = ops.stream(
+        "deadletters", before=_stream_cursor(cursor), since_ms=since_ms,
+        limit=_page_size(limit), where={"tool": tool} if tool else None,
+    )  # fmt: skip
+    return {"dead_letters": [_entry(e) for e in entries], "next_cursor": following}
+
+
+def audit_page(
+    ops: Operator,
+    *,
+    key: str | None = None,
+    since_ms: int | None = None,
+    actor: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``audit --json``: the audit stream (operator actions and refusals) newest first, or
+    one effect's whole trail with ``key``; the cursor of the next page."""
+    entries, following = ops.stream(
+        "audit", before=_stream_cursor(cursor), since_ms=since_ms, key=key,
+        limit=_page_size(limit), where={"actor": actor} if actor else None,
+    )  # fmt: skip
+    return {"audit": [_entry(e) for e in entries], "next_cursor": following}
+
+
+def _entry(entry: Mapping[str, str]) -> dict[str, Any]:
+    """A stream entry with the time its id carries (server ms) spelt out."""
+    at_ms = int(entry["id"].partition("-")[0])
+    return {**entry, "at_ms": at_ms, "at": datetime.fromtimestamp(at_ms / 1000, UTC).isoformat()}
+
+
 def list_effects(
     ops: Operator, *, state: State | None = None, tool: str | None = None, limit: int = 100
 ) -> list[EffectRecord]:
@@ -89,9 +212,16 @@ def work_queue(ops: Operator, *, limit: int = 200) -> WorkQueue:
     return WorkQueue(unknown, blocked, ops.ledger.server_time_ms())
 
 
-def audit_trail(ops: Operator, key: str, *, scan: int = 1000) -> list[dict[str, Any]]:
-    """The audit entries of one effect among the last ``scan`` of the audit stream."""
-    return [e for e in ops.ledger.audit_log(scan) if e.get("key") == key]
+def audit_trail(ops: Operator, key: str) -> list[dict[str, Any]]:
+    """One effect's whole audit trail, newest first (its own index: no stream scan)."""
+    trail: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = audit_page(ops, key=key, cursor=cursor, limit=MAX_PAGE)
+        trail += page["audit"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return trail
 
 
 def campaign_status(
@@ -179,6 +309,25 @@ def revoke(key: str, *, actor: str, reason: str) -> dict[str, Any]:
 
 def supersede(key: str, *, actor: str, reason: str) -> dict[str, Any]:
     return write_document(key, operator().supersede(key, actor=actor, reason=reason))
+
+
+def recheck(
+    tool: str,
+    *,
+    since_ms: int | None,
+    until_ms: int | None,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """``recheck --json``: UNKNOWN effects of ``tool`` (became UNKNOWN in the range) back to
+    the reconciler, which asks the provider again; ``dry_run`` counts and changes nothing."""
+    if since_ms is not None and until_ms is not None and since_ms > until_ms:
+        raise MessageError("since is after until: the range is empty")
+    return operator().recheck(
+        tool, since_ms=since_ms, until_ms=until_ms, actor=actor, reason=reason,
+        dry_run=dry_run,
+    )  # fmt: skip
 
 
 def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
