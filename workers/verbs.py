@@ -36,7 +36,9 @@ __all__ = [
     "await_receipt",
     "campaign_status",
     "dead_letters",
+    "effects",
     "effects_page",
+    "expired_claims",
     "find_keys",
     "inspect",
     "list_effects",
@@ -122,6 +124,22 @@ def _stream_cursor(cursor: str | None) -> str | None:
     return cursor
 
 
+def effects(
+    ops: Operator,
+    *,
+    state: State | None = None,
+    tool: str | None = None,
+    since_ms: int | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> tuple[list[EffectRecord], str | None]:
+    """A page of the state indexes (UNKNOWN by when it became so, then the leases) and the
+    cursor of the next one, None at the end."""
+    return ops.page(
+        state=state, tool=tool, since_ms=since_ms, cursor=cursor, limit=_page_size(limit)
+    )
+
+
 def effects_page(
     ops: Operator,
     *,
@@ -131,9 +149,9 @@ def effects_page(
     cursor: str | None = None,
     limit: int = 100,
 ) -> dict[str, Any]:
-    """``list --since/--cursor --json``: a page of the state indexes and the next cursor."""
-    records, following = ops.page(
-        state=state, tool=tool, since_ms=since_ms, cursor=cursor, limit=_page_size(limit)
+    """``list --since/--cursor --json``: ``effects`` as a document."""
+    records, following = effects(
+        ops, state=state, tool=tool, since_ms=since_ms, cursor=cursor, limit=limit
     )
     return {"effects": [r.as_dict() for r in records], "next_cursor": following}
 
@@ -207,9 +225,13 @@ class WorkQueue:
 
 def work_queue(ops: Operator, *, limit: int = 200) -> WorkQueue:
     unknown = ops.list(state=State.UNKNOWN, limit=limit)
+    return WorkQueue(unknown, expired_claims(ops, limit=limit), ops.ledger.server_time_ms())
+
+
+def expired_claims(ops: Operator, *, limit: int = 200) -> list[EffectRecord]:
+    """Claims whose lease ran out, awaiting the reconciler (at most 8 per bucket)."""
     expired = ops.ledger.expired(limit=8)[:limit]
-    blocked = [r for r in ops.ledger.get_many(expired).values() if r is not None]
-    return WorkQueue(unknown, blocked, ops.ledger.server_time_ms())
+    return [r for r in ops.ledger.get_many(expired).values() if r is not None]
 
 
 def audit_trail(ops: Operator, key: str) -> list[dict[str, Any]]:
