@@ -10,6 +10,7 @@ module adds the evidence rules and the audit trail.
 from __future__ import annotations
 
 import builtins
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ MAX_TEXT = 200
 # found and a cursor to go on from: a rare actor or tool never makes one request unbounded.
 SCAN_BOUND = 10_000
 # The states with an index to page through (the others expire, and only a scan finds them).
+_HEX = re.compile(r"[0-9a-f]{64}")
 _INDEX = {State.UNKNOWN: "unknown", State.CLAIMED: "leases", State.RECONCILING: "leases"}
 
 
@@ -329,9 +331,15 @@ def _read_cursor(cursor: str | None, indexes: list[str]) -> tuple[str, tuple[int
         return None
     score, dot, key = cursor[1:].partition(".")
     index = next((i for i in indexes if i[0] == cursor[:1]), None)
-    if index is None or not dot or not score.isdigit() or len(score) > 16:
+    if (
+        index is None
+        or not dot
+        or not score.isdigit()
+        or len(score) > 16
+        or not _HEX.fullmatch(key)
+    ):
         raise OperatorError("not a cursor of this listing (pass the one a page handed out)")
-    return index, (int(score), check_key(key))
+    return index, (int(score), key)
 
 
 def _check_words(actor: str, reason: str) -> None:

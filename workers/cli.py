@@ -752,6 +752,7 @@ def list_(
             fail(2, "--key searches by key: it does not page (drop --since / --cursor)")
         if limit > verbs.MAX_PAGE:
             fail(2, f"--limit: a page holds at most {verbs.MAX_PAGE} (go on with --cursor)")
+        verbs.page_cursor(cursor)
         since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
         page = verbs.effects_page(
             ops(), state=wanted, tool=tool, since_ms=since_ms, cursor=cursor, limit=limit
@@ -856,6 +857,7 @@ def deadletters(
     """The dead-letter stream, newest first: why each message was dead-lettered."""
     from . import verbs
 
+    verbs.stream_cursor(cursor)
     ops, now_ms = _clock()
     since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
     page = verbs.dead_letters(ops(), since_ms=since_ms, tool=tool, cursor=cursor, limit=limit)
@@ -887,6 +889,7 @@ def audit(
 
     if actor is not None and not 0 < len(actor) <= 200:
         fail(2, "--actor: must be 1 to 200 characters")
+    verbs.stream_cursor(cursor)
     ops, now_ms = _clock()
     since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
     page = verbs.audit_page(

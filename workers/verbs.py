@@ -43,12 +43,14 @@ __all__ = [
     "inspect",
     "list_effects",
     "operator",
+    "page_cursor",
     "parse_since",
     "reader",
     "recheck",
     "replay",
     "resolve",
     "revoke",
+    "stream_cursor",
     "submit_call",
     "submit_campaign_file",
     "supersede",
@@ -83,6 +85,7 @@ MAX_PAGE = 1000
 _YEAR_S = 366 * 86400
 _STREAM_ID = re.compile(r"[0-9]{1,16}-[0-9]{1,16}")
 _PREFIX = re.compile(r"[0-9a-f]{12,64}")
+_PAGE_CURSOR = re.compile(r"[ul][0-9]{1,16}\.[0-9a-f]{64}")
 
 
 def parse_since(text: str | None, *, now_ms: Callable[[], int], what: str = "since") -> int | None:
@@ -118,9 +121,17 @@ def _page_size(limit: int) -> int:
     return limit
 
 
-def _stream_cursor(cursor: str | None) -> str | None:
+def stream_cursor(cursor: str | None) -> str | None:
+    """A stream page's cursor (an entry id), checked before anything is contacted."""
     if cursor is not None and not _STREAM_ID.fullmatch(cursor):
         raise MessageError("not a cursor of this stream (pass the one a page handed out)")
+    return cursor
+
+
+def page_cursor(cursor: str | None) -> str | None:
+    """A state-index page's cursor, checked before anything is contacted."""
+    if cursor is not None and not _PAGE_CURSOR.fullmatch(cursor):
+        raise MessageError("not a cursor of this listing (pass the one a page handed out)")
     return cursor
 
 
@@ -136,8 +147,9 @@ def effects(
     """A page of the state indexes (UNKNOWN by when it became so, then the leases) and the
     cursor of the next one, None at the end."""
     return ops.page(
-        state=state, tool=tool, since_ms=since_ms, cursor=cursor, limit=_page_size(limit)
-    )
+        state=state, tool=tool, since_ms=since_ms, cursor=page_cursor(cursor),
+        limit=_page_size(limit),
+    )  # fmt: skip
 
 
 def effects_page(
@@ -177,7 +189,7 @@ def dead_letters(
     """``deadletters --json``: the dead-letter stream newest first (reason, tool, message
     id, key) and the cursor of the next page."""
     entries, following = ops.stream(
-        "deadletters", before=_stream_cursor(cursor), since_ms=since_ms,
+        "deadletters", before=stream_cursor(cursor), since_ms=since_ms,
         limit=_page_size(limit), where={"tool": tool} if tool else None,
     )  # fmt: skip
     return {"dead_letters": [_entry(e) for e in entries], "next_cursor": following}
@@ -195,7 +207,7 @@ def audit_page(
     """``audit --json``: the audit stream (operator actions and refusals) newest first, or
     one effect's whole trail with ``key``; the cursor of the next page."""
     entries, following = ops.stream(
-        "audit", before=_stream_cursor(cursor), since_ms=since_ms, key=key,
+        "audit", before=stream_cursor(cursor), since_ms=since_ms, key=key,
         limit=_page_size(limit), where={"actor": actor} if actor else None,
     )  # fmt: skip
     return {"audit": [_entry(e) for e in entries], "next_cursor": following}

@@ -44,7 +44,7 @@ def test_one_recheck_after_a_lookup_outage_settles_every_unknown_by_lookup(
 ) -> None:
     ledger = runtime.ledger()
     fenceless.sandbox.configure(lookup_enabled=False, drop_ack_rate=1.0)
-    fenceless.start_reconciler(**FAST)
+    fenceless.start_reconciler(0.3, **FAST)
     # Executed, the answer lost: each worker hands its claim over, unsure.
     pool = fenceless.start_workers(1, 2, **FAST)
     executed = [_email(f"evt-recheck-sent-{i}") for i in range(3)]
