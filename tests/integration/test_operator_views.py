@@ -5,13 +5,17 @@ key search by prefix."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from dedupe import EffectqError, Ledger, OperatorError, State, TransitionRefusedError
+from dedupe import EffectqError, Ledger, NotFound, OperatorError, State, TransitionRefusedError
 from reconciler import Operator
-from tests.support.ledgers import RETENTION_S, charge, poll
+from tests.support.cluster import LocalCluster
+from tests.support.ledgers import CHARGE, RETENTION_S, charge, fresh_ledger, poll
 from workers import runtime, verbs
 from workers.dev.local import LocalStack
+from workers.dev.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -159,3 +163,29 @@ def test_a_key_prefix_finds_a_settled_effect(ops: Operator) -> None:
     for text in ("abc", effect.key[:11], "z" * 12, effect.key + "0"):
         with pytest.raises(Exception, match="a key search needs"):
             verbs.find_keys(ops, text)
+
+
+class _Lookup:
+    def lookup(self, idempotency_key: str, token: int | None = None) -> NotFound:
+        return NotFound(authoritative=True)
+
+
+def test_recheck_paging_trail_and_search_hold_on_a_cluster_too(
+    ledger_server: RedisServer | LocalCluster,
+) -> None:
+    ledger = fresh_ledger(ledger_server.url)
+    ops = Operator(ledger, {"charge": dataclasses.replace(CHARGE, lookup=_Lookup())})
+    keys = {_unknown(ledger) for _ in range(5)}
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        records, cursor = ops.page(state=State.UNKNOWN, cursor=cursor, limit=2)
+        seen += [r.key for r in records]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(keys)
+    assert _recheck(ops)["rechecked"] == 5
+    assert sorted(ledger.expired()) == sorted(keys)
+    key = seen[0]
+    assert [e["action"] for e in verbs.audit_trail(ops, key)] == ["recheck"]
+    assert [r.key for r in verbs.find_keys(ops, key[:12])] == [key]
