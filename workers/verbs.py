@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_PAGE",
-    "WorkQueue",
     "audit_page",
     "audit_trail",
     "await_receipt",
@@ -54,7 +52,6 @@ __all__ = [
     "submit_call",
     "submit_campaign_file",
     "supersede",
-    "work_queue",
     "write_document",
 ]
 
@@ -223,21 +220,6 @@ def list_effects(
     ops: Operator, *, state: State | None = None, tool: str | None = None, limit: int = 100
 ) -> list[EffectRecord]:
     return ops.list(state=state, tool=tool, limit=limit)
-
-
-@dataclass(frozen=True)
-class WorkQueue:
-    """What awaits someone: UNKNOWN effects (an operator) and expired claims (a
-    reconciler), with the ledger's clock to age them by."""
-
-    unknown: list[EffectRecord]
-    blocked: list[EffectRecord]
-    now_ms: int
-
-
-def work_queue(ops: Operator, *, limit: int = 200) -> WorkQueue:
-    unknown = ops.list(state=State.UNKNOWN, limit=limit)
-    return WorkQueue(unknown, expired_claims(ops, limit=limit), ops.ledger.server_time_ms())
 
 
 def expired_claims(ops: Operator, *, limit: int = 200) -> list[EffectRecord]:
