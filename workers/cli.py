@@ -694,6 +694,15 @@ def _maybe_key(value: str | None) -> str | None:
     return None if value is None else _key(value)
 
 
+_PREFIX = re.compile(r"[0-9a-f]{12,64}")
+
+
+def _prefix(value: str | None) -> str | None:
+    if value is not None and not _PREFIX.fullmatch(value):
+        raise _Refused("must be an effect key or its first 12 or more lowercase hex digits")
+    return value
+
+
 def _maybe_tool(value: str | None) -> str | None:
     return None if value is None else _tool(value)
 
@@ -732,7 +741,8 @@ def list_(
     since: Since = None,
     cursor: Cursor = None,
     key: Annotated[
-        str | None, typer.Option(metavar="HEX", help="an effect key or its first 12+ digits")
+        str | None,
+        typer.Option(metavar="HEX", callback=_prefix, help="an effect key or its first 12+ digits"),
     ] = None,
     as_json: Json = False,
 ) -> None:
@@ -752,6 +762,8 @@ def list_(
             fail(2, "--key searches by key: it does not page (drop --since / --cursor)")
         if limit > verbs.MAX_PAGE:
             fail(2, f"--limit: a page holds at most {verbs.MAX_PAGE} (go on with --cursor)")
+        if wanted not in (None, State.UNKNOWN, State.CLAIMED, State.RECONCILING):
+            fail(2, "--since / --cursor page through UNKNOWN, CLAIMED and RECONCILING only")
         verbs.page_cursor(cursor)
         since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
         page = verbs.effects_page(
