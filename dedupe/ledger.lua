@@ -307,6 +307,21 @@ local function operate()
   return {'ok', rule.to, rec.t}
 end
 
+-- recheck(tool, note, holder): an operator sends an UNKNOWN effect of `tool` back to the
+-- reconciler (a bulk re-check after a lookup outage): UNKNOWN -> RECONCILING under token+1
+-- with its lease already expired, so the next reconciler pass takes it over and asks the
+-- provider again. The takeover count and the reconciliation start are cleared: a fresh
+-- lookup budget, and the settle window counts from that takeover (decide() as usual).
+-- Any other state, or another tool's record => refused.
+local function recheck()
+  local tool, note, holder = ARGV[3], ARGV[4], ARGV[5]
+  if not rec or rec.s ~= 'UNKNOWN' or rec.tool ~= tool then return refused() end
+  move('RECONCILING', rec.t + 1, note, now)
+  rec.h, rec.x, rec.ra = holder, nil, nil
+  save(0)
+  return {'ok', 'RECONCILING', rec.t}
+end
+
 -- submit(fingerprint, tool, pending_ms, message_id, force): may the producer enqueue?
 -- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
 -- may have been lost, and a second message for one effect is harmless (the claim decides).
@@ -362,6 +377,7 @@ end
 local OPS = {
   submit = submit, claim = claim, heartbeat = heartbeat, commit = commit, fail = fail,
   handover = handover, takeover = takeover, unknown = unknown, operate = operate,
+  recheck = recheck,
 }
 local fn = OPS[op]
 if not fn then return redis.error_reply('unknown ledger op ' .. tostring(op)) end

@@ -77,7 +77,8 @@ _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 # commit, fail and handover under the same token answer ok again; submit finds its own
 # marker). Not claim (a repeat answers in_flight against our own claim: the effect waits
 # for the lease and the reconciler), takeover (a repeat answers "lease live" and the token
-# is lost), unknown (a repeat counts as a fenced write), operate (a repeat is refused).
+# is lost), unknown (a repeat counts as a fenced write), operate and recheck (a repeat is
+# refused).
 _REPEATABLE = frozenset({"heartbeat", "commit", "fail", "handover"})
 # How long a batch of submits keeps re-sending through a failover (node timeout, election,
 # promotion: seconds on a healthy cluster).
@@ -726,6 +727,17 @@ class Ledger:
             )
         return Write.from_reply(reply)
 
+    def recheck(self, key: str, *, tool: str, note: str, holder: str) -> Write:
+        """UNKNOWN (a record of ``tool``) → RECONCILING under a new token, its lease expired
+        at once: the next reconciler pass asks the provider again, with a fresh lookup
+        budget. TransitionRefusedError in any other state or for another tool's record."""
+        reply = self._call("recheck", key, tool, note[:500], holder[:200])
+        if reply[0] == "refused":
+            raise TransitionRefusedError(
+                f"recheck refused: effect is {reply[1]}", key=key, state=str(reply[1])
+            )
+        return Write.from_reply(reply)
+
     # -- reads ------------------------------------------------------------------------
 
     def get(self, key: str) -> EffectRecord | None:
@@ -768,15 +780,96 @@ class Ledger:
         records = self.get_many(keys)
         return [k for k, r in records.items() if r is not None and r.state is state][:limit]
 
-    def audit(self, **fields: str) -> str:
-        """Append an operator action to the audit stream (never trimmed)."""
+    def keys_with_prefix(self, prefix: str, *, limit: int = 100) -> list[str]:
+        """Keys of records that start with ``prefix`` (at least 8 hex digits: they name the
+        bucket). A SCAN of the keyspace with a pattern: for an operator's search, not for
+        a hot path (seconds on millions of keys)."""
+        pattern = f"{self._tag(self.bucket_of(prefix))}:r:{prefix}*"
+        keys: list[str] = []
         with self.guard():
-            entry = self.client.xadd(f"{self.namespace}:audit", fields)  # type: ignore[arg-type]
+            for name in self.client.scan_iter(match=pattern, count=1000):
+                keys.append(str(name).rsplit(":", 1)[1])
+                if len(keys) >= limit:
+                    break
+        return keys
+
+    def audit(self, **fields: str) -> str:
+        """Append an operator action to the audit stream (never trimmed) and, when it names
+        an effect, to that effect's own trail (read whole without scanning the stream)."""
+        key = fields.get("key")
+        with self.guard():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(f"{self.namespace}:audit", fields)  # type: ignore[arg-type]
+            if key:
+                pipe.xadd(self._audit_of(key), fields)  # type: ignore[arg-type]
+            entry = pipe.execute()[0]
         return str(entry)
 
     def audit_log(self, count: int = 100) -> list[dict[str, str]]:
         """The most recent audit entries, newest first."""
         return self._newest(f"{self.namespace}:audit", count)
+
+    def _audit_of(self, key: str) -> str:
+        return f"{self._tag(self.bucket_of(key))}:audit:{key}"
+
+    def stream_page(
+        self,
+        stream: str,
+        *,
+        before: str | None = None,
+        since_ms: int | None = None,
+        count: int = 100,
+        key: str | None = None,
+    ) -> list[dict[str, str]]:
+        """Entries of the ``"audit"`` or ``"deadletters"`` stream (with ``key``: that
+        effect's own audit trail, whose ids are its own), newest first: those older than
+        entry id ``before`` and no older than ``since_ms`` (server ms), each with its ``id``."""
+        if stream not in ("audit", "deadletters"):
+            raise ValueError("stream must be audit or deadletters")
+        name = self._audit_of(key) if key else f"{self.namespace}:{stream}"
+        newest = f"({before}" if before else "+"
+        oldest = f"{since_ms}-0" if since_ms is not None else "-"
+        with self.guard():
+            entries: list[tuple[str, dict[str, str]]] = self.client.xrevrange(  # type: ignore[assignment]
+                name, max=newest, min=oldest, count=count
+            )
+        return [{"id": entry_id, **fields} for entry_id, fields in entries]
+
+    def index_page(
+        self,
+        index: str,
+        *,
+        after: tuple[int, str] | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        count: int = 100,
+    ) -> list[tuple[str, int]]:
+        """(key, score) from every bucket's ``"unknown"`` index (score: ms it became
+        UNKNOWN) or ``"leases"`` index (score: lease deadline), in (score, key) order: at
+        most ``count`` past ``after``, with scores in [since_ms, until_ms]. One pipelined
+        round trip; the bulk re-check and ``list --cursor`` page with it."""
+        if index not in ("unknown", "leases"):
+            raise ValueError("index must be unknown or leases")
+        low = since_ms if since_ms is not None else 0
+        if after is not None:
+            low = max(low, after[0])
+        high: int | str = until_ms if until_ms is not None else "+inf"
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in range(self.buckets):
+            name = f"{self._tag(bucket)}:{index}"
+            if after is not None and after[0] >= low:
+                # Ties on the cursor's score are read whole (same ms: few), then the rest.
+                pipe.zrangebyscore(name, after[0], after[0], withscores=True)
+                pipe.zrangebyscore(name, f"({after[0]}", high, start=0, num=count,
+                                   withscores=True)  # fmt: skip
+            else:
+                pipe.zrangebyscore(name, low, high, start=0, num=count, withscores=True)
+        with self.guard():
+            replies = pipe.execute()
+        found = sorted((int(score), str(member)) for reply in replies for member, score in reply)
+        if after is not None:
+            found = [e for e in found if e > after and (until_ms is None or e[0] <= until_ms)]
+        return [(member, score) for score, member in found[:count]]
 
     def server_time_ms(self) -> int:
         with self.guard():

@@ -1,4 +1,5 @@
-"""Operator actions: inspect, list, resolve, revoke, supersede, replay.
+"""Operator actions: inspect, list, resolve, revoke, supersede, replay, the bulk re-check;
+the pages of the audit and dead-letter streams.
 
 Every action names an actor and a reason, is appended to the ledger's audit stream (refusals
 too), and is refused — with a specific message — where it would hide an unreconciled
@@ -8,6 +9,8 @@ module adds the evidence rules and the audit trail.
 
 from __future__ import annotations
 
+import builtins
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +31,12 @@ from dedupe.states import CLAIMABLE
 __all__ = ["Operator"]
 
 MAX_TEXT = 200
+# A filtered stream page reads at most this many entries before it answers with what it
+# found and a cursor to go on from: a rare actor or tool never makes one request unbounded.
+SCAN_BOUND = 10_000
+# The states with an index to page through (the others expire, and only a scan finds them).
+_HEX = re.compile(r"[0-9a-f]{64}")
+_INDEX = {State.UNKNOWN: "unknown", State.CLAIMED: "leases", State.RECONCILING: "leases"}
 
 
 class Operator:
@@ -53,7 +62,150 @@ class Operator:
         records = [r for r in self.ledger.get_many(keys).values() if r is not None]
         return [r for r in records if tool is None or r.tool == tool][:limit]
 
+    def page(
+        self,
+        *,
+        state: State | None = None,
+        tool: str | None = None,
+        since_ms: int | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> tuple[builtins.list[EffectRecord], str | None]:
+        """A page of the state indexes, oldest first: UNKNOWN by the time it became UNKNOWN,
+        CLAIMED / RECONCILING by lease deadline (no ``state``: UNKNOWN, then the leases),
+        from ``since_ms`` on; the cursor to go on from, None at the end."""
+        if state is not None and state not in _INDEX:
+            raise OperatorError(
+                "paging covers the indexed states only: UNKNOWN, CLAIMED, RECONCILING"
+            )
+        indexes = [_INDEX[state]] if state else ["unknown", "leases"]
+        position = _read_cursor(cursor, indexes)
+        first = indexes.index(position[0]) if position else 0
+        records: builtins.list[EffectRecord] = []
+        scanned = 0
+        for n, index in enumerate(indexes[first:], first):
+            after = position[1] if position and position[0] == index else None
+            while len(records) < limit and scanned < SCAN_BOUND:
+                found = self.ledger.index_page(index, after=after, since_ms=since_ms,
+                                               count=limit - len(records))  # fmt: skip
+                if not found:
+                    break
+                scanned += len(found)
+                after = (found[-1][1], found[-1][0])
+                got = self.ledger.get_many(k for k, _ in found)
+                records += [
+                    r for r in got.values()
+                    if r is not None and (state is None or r.state is state)
+                    and (tool is None or r.tool == tool)
+                ]  # fmt: skip
+            if len(records) < limit and scanned < SCAN_BOUND:
+                continue  # this index is exhausted: the next one fills the page
+            if after is not None and self.ledger.index_page(
+                index, after=after, since_ms=since_ms, count=1
+            ):
+                return records, f"{index[0]}{after[0]}.{after[1]}"
+            if n + 1 < len(indexes):  # the next index from its start (below every entry)
+                return records, f"{indexes[n + 1][0]}0.{'0' * 64}"
+            return records, None
+        return records, None
+
+    def stream(
+        self,
+        stream: str,
+        *,
+        before: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 100,
+        where: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> tuple[builtins.list[dict[str, str]], str | None]:
+        """Entries of the audit or dead-letter stream, newest first, whose fields match
+        ``where``; with ``key``, that effect's whole audit trail. The cursor (an entry id)
+        goes on from the last entry read, None at the end."""
+        if key is not None:
+            check_key(key)
+        where = dict(where or {})
+        entries: builtins.list[dict[str, str]] = []
+        scanned, cursor = 0, before
+        while len(entries) < limit and scanned < SCAN_BOUND:
+            chunk = self.ledger.stream_page(
+                stream, before=cursor, since_ms=since_ms, key=key,
+                count=min(SCAN_BOUND - scanned, max(limit - len(entries), 100)),
+            )  # fmt: skip
+            if not chunk:
+                return entries, None
+            scanned += len(chunk)
+            for entry in chunk:
+                cursor = entry["id"]
+                if all(entry.get(name) == value for name, value in where.items()):
+                    entries.append(entry)
+                    if len(entries) == limit:
+                        break
+        more = cursor is not None and bool(
+            self.ledger.stream_page(stream, before=cursor, since_ms=since_ms, key=key, count=1)
+        )
+        return entries, cursor if more else None
+
     # -- actions ----------------------------------------------------------------------
+
+    def recheck(
+        self,
+        tool: str,
+        *,
+        since_ms: int | None,
+        until_ms: int | None,
+        actor: str,
+        reason: str,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Send every UNKNOWN effect of ``tool`` whose UNKNOWN transition falls in
+        [since_ms, until_ms] back to the reconciler, which asks the provider again (a
+        fresh lookup budget; its decision as for any takeover). Each effect's recheck is
+        audited on its trail, the whole run once more; ``dry_run`` only counts."""
+        _check_words(actor, reason)
+        spec = self.specs.get(tool)
+        if spec is None or spec.lookup is None:
+            why = "is not declared here" if spec is None else "has no lookup"
+            message = f"recheck refused: tool {tool} {why}; a recheck would find it UNKNOWN again"
+            if not dry_run:
+                self._audit("recheck", "", actor, reason, f"refused: {message}")
+            raise OperatorError(message)
+        matched = rechecked = 0
+        refused: dict[str, int] = {}
+        after: tuple[int, str] | None = None
+        note = f"recheck by {actor}: {reason}"
+        while True:
+            found = self.ledger.index_page(
+                "unknown", after=after, since_ms=since_ms, until_ms=until_ms, count=500
+            )
+            if not found:
+                break
+            after = (found[-1][1], found[-1][0])
+            records = self.ledger.get_many(k for k, _ in found)
+            for key, record in records.items():
+                if record is None or record.tool != tool or record.state is not State.UNKNOWN:
+                    continue
+                matched += 1
+                if dry_run:
+                    continue
+                try:
+                    write = self.ledger.recheck(key, tool=tool, note=note, holder=f"op/{actor}")
+                except TransitionRefusedError as exc:
+                    # Resolved (or rechecked) by someone else since the read: theirs stands.
+                    state = exc.state or "ABSENT"
+                    refused[state] = refused.get(state, 0) + 1
+                    self._audit("recheck", key, actor, reason, f"refused: effect is {state}")
+                    continue
+                rechecked += 1
+                self._audit("recheck", key, actor, reason, f"ok: {write.state} token {write.token}")
+        document = {
+            "tool": tool, "since_ms": since_ms, "until_ms": until_ms, "dry_run": dry_run,
+            "matched": matched, "rechecked": rechecked, "refused": refused,
+        }  # fmt: skip
+        if not dry_run:
+            outcome = f"ok: {rechecked} of {matched} UNKNOWN {tool} effects rechecked"
+            self._audit("recheck", "", actor, reason, outcome)
+        return document
 
     def resolve(
         self,
@@ -171,6 +323,23 @@ def _refusal(action: str, state: str | None) -> str:
             return f"{action} refused: the effect is UNKNOWN; resolve it with evidence first"
         return f"{action} refused: the effect is {state}; only an UNKNOWN effect can be resolved"
     return f"{action} refused: the effect is {state}; only a DONE effect can be {action}d"
+
+
+def _read_cursor(cursor: str | None, indexes: list[str]) -> tuple[str, tuple[int, str]] | None:
+    """A ``page`` cursor: index letter, score, ".", key (what ``page`` hands out)."""
+    if cursor is None:
+        return None
+    score, dot, key = cursor[1:].partition(".")
+    index = next((i for i in indexes if i[0] == cursor[:1]), None)
+    if (
+        index is None
+        or not dot
+        or not score.isdigit()
+        or len(score) > 16
+        or not _HEX.fullmatch(key)
+    ):
+        raise OperatorError("not a cursor of this listing (pass the one a page handed out)")
+    return index, (int(score), key)
 
 
 def _check_words(actor: str, reason: str) -> None:

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
     from rich.console import Console
 
-    from dedupe import EffectRecord
     from reconciler import Operator
 
     from .settings import Settings
@@ -691,6 +690,47 @@ def _text(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
+def _maybe_key(value: str | None) -> str | None:
+    return None if value is None else _key(value)
+
+
+_PREFIX = re.compile(r"[0-9a-f]{12,64}")
+
+
+def _prefix(value: str | None) -> str | None:
+    if value is not None and not _PREFIX.fullmatch(value):
+        raise _Refused("must be an effect key or its first 12 or more lowercase hex digits")
+    return value
+
+
+def _maybe_tool(value: str | None) -> str | None:
+    return None if value is None else _tool(value)
+
+
+Since = Annotated[
+    str | None,
+    typer.Option(metavar="ISO|SECONDS", help="from this time on (ISO 8601, UTC unless it "
+                 "says otherwise), or this many seconds ago"),
+]  # fmt: skip
+Cursor = Annotated[
+    str | None, typer.Option(metavar="CURSOR", help="go on from a previous page's cursor")
+]
+Limit = Annotated[int, typer.Option(metavar="N", min=1, max=1000, help="entries per page")]
+ToolName = Annotated[str | None, typer.Option(metavar="TOOL", callback=_maybe_tool)]
+
+
+def _clock() -> tuple[Callable[[], Operator], Callable[[], int]]:
+    """This verb's reader, built once and only when needed, and the ledger's clock (a
+    refused value is refused before anything is contacted)."""
+    ops = cache(_reader)
+    return ops, lambda: ops().ledger.server_time_ms()
+
+
+def _more(cursor: str | None) -> None:
+    if cursor:
+        line(f"more: --cursor {cursor}")
+
+
 @app.command(name="list")
 def list_(
     state: Annotated[
@@ -698,25 +738,55 @@ def list_(
     ] = None,
     tool: Annotated[str | None, typer.Option(metavar="TOOL")] = None,
     limit: Annotated[int, typer.Option(metavar="N", min=1, max=10_000)] = 100,
+    since: Since = None,
+    cursor: Cursor = None,
+    key: Annotated[
+        str | None,
+        typer.Option(metavar="HEX", callback=_prefix, help="an effect key or its first 12+ digits"),
+    ] = None,
     as_json: Json = False,
 ) -> None:
-    """List effects by state (default: everything not yet settled)."""
+    """List effects by state (default: everything not yet settled); --since / --cursor page
+    through the indexed states (a JSON object with next_cursor), --key searches."""
     from dedupe import State
 
     try:
         wanted = State(state.upper()) if state else None
     except ValueError:
         fail(2, f"--state: not a state (one of {', '.join(s.value for s in State)})")
-    from .verbs import list_effects
+    from . import verbs
 
-    records: list[EffectRecord] = list_effects(_reader(), state=wanted, tool=tool, limit=limit)
-    if as_json:
-        emit([r.as_dict() for r in records])
-        return
+    ops, now_ms = _clock()
+    if since is not None or cursor is not None:
+        if key is not None:
+            fail(2, "--key searches by key: it does not page (drop --since / --cursor)")
+        if limit > verbs.MAX_PAGE:
+            fail(2, f"--limit: a page holds at most {verbs.MAX_PAGE} (go on with --cursor)")
+        if wanted not in (None, State.UNKNOWN, State.CLAIMED, State.RECONCILING):
+            fail(2, "--since / --cursor page through UNKNOWN, CLAIMED and RECONCILING only")
+        verbs.page_cursor(cursor)
+        since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
+        page = verbs.effects_page(
+            ops(), state=wanted, tool=tool, since_ms=since_ms, cursor=cursor, limit=limit
+        )
+        if as_json:
+            emit(page)
+            return
+        rows, following = page["effects"], page["next_cursor"]
+    else:
+        if key is not None:
+            records = verbs.find_keys(ops(), key, limit=min(limit, verbs.MAX_PAGE))
+        else:
+            records = verbs.list_effects(ops(), state=wanted, tool=tool, limit=limit)
+        if as_json:
+            emit([r.as_dict() for r in records])
+            return
+        rows, following = [r.as_dict() for r in records], None
     table(
         ("key", "state", "tool", "token", "reason"),
-        ((r.key, r.state.value, r.tool, str(r.token), _text(r.reason)) for r in records),
+        ((d["key"], d["state"], d["tool"], str(d["token"]), _text(d["reason"])) for d in rows),
     )
+    _more(following)
 
 
 @app.command()
@@ -786,6 +856,105 @@ def replay(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> Non
         emit(document)
     else:
         line(f"{document['status']}  {key}")
+
+
+@app.command()
+def deadletters(
+    since: Since = None,
+    tool: ToolName = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    as_json: Json = False,
+) -> None:
+    """The dead-letter stream, newest first: why each message was dead-lettered."""
+    from . import verbs
+
+    verbs.stream_cursor(cursor)
+    ops, now_ms = _clock()
+    since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
+    page = verbs.dead_letters(ops(), since_ms=since_ms, tool=tool, cursor=cursor, limit=limit)
+    if as_json:
+        emit(page)
+        return
+    table(
+        ("at", "tool", "reason", "message id", "key"),
+        ((e["at"], e.get("tool", ""), e.get("reason", ""), e.get("message_id", ""),
+          _text(e.get("key"))) for e in page["dead_letters"]),
+    )  # fmt: skip
+    _more(page["next_cursor"])
+
+
+@app.command()
+def audit(
+    key: Annotated[
+        str | None,
+        typer.Argument(metavar="KEY", callback=_maybe_key, help="one effect's whole trail"),
+    ] = None,
+    since: Since = None,
+    actor: Annotated[str | None, typer.Option(metavar="NAME", help="this actor's only")] = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    as_json: Json = False,
+) -> None:
+    """The audit stream, newest first: operator actions and refusals (or one effect's)."""
+    from . import verbs
+
+    if actor is not None and not 0 < len(actor) <= 200:
+        fail(2, "--actor: must be 1 to 200 characters")
+    verbs.stream_cursor(cursor)
+    ops, now_ms = _clock()
+    since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
+    page = verbs.audit_page(
+        ops(), key=key, since_ms=since_ms, actor=actor, cursor=cursor, limit=limit
+    )
+    if as_json:
+        emit(page)
+        return
+    table(
+        ("at", "actor", "action", "key", "outcome", "reason"),
+        ((e["at"], e.get("actor", ""), e.get("action", ""), _text(e.get("key")),
+          e.get("outcome", ""), e.get("reason", "")) for e in page["audit"]),
+    )  # fmt: skip
+    _more(page["next_cursor"])
+
+
+@app.command()
+def recheck(
+    tool: Annotated[str, typer.Option(metavar="TOOL", callback=_tool, help="the tool's effects")],
+    actor: Actor,
+    reason: Reason,
+    since: Annotated[
+        str | None,
+        typer.Option(metavar="ISO|SECONDS", help="became UNKNOWN at or after (or seconds ago)"),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(metavar="ISO|SECONDS", help="became UNKNOWN at or before (or seconds ago)"),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count them; change nothing")] = False,
+    as_json: Json = False,
+) -> None:
+    """Send UNKNOWN effects of a tool back to the reconciler, which asks the provider again."""
+    from . import verbs
+
+    _, now_ms = _clock()
+    since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
+    until_ms = verbs.parse_since(until, now_ms=now_ms, what="--until")
+    if since_ms is not None and until_ms is not None and since_ms > until_ms:
+        fail(2, "--since is after --until: the range is empty")
+    _install()
+    document = verbs.recheck(
+        tool, since_ms=since_ms, until_ms=until_ms, actor=actor, reason=reason, dry_run=dry_run
+    )
+    if as_json:
+        emit(document)
+    elif dry_run:
+        line(f"dry run: {document['matched']} UNKNOWN {tool} effects would go back to the "
+             "reconciler; nothing changed")  # fmt: skip
+    else:
+        refused = f"; refused (resolved meanwhile): {words(document['refused'])}"
+        line(f"rechecked {document['rechecked']} of {document['matched']} UNKNOWN {tool} "
+             f"effects{refused if document['refused'] else ''}")  # fmt: skip
 
 
 campaign_app = typer.Typer(

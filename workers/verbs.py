@@ -10,8 +10,10 @@ which needs the tools (``EFFECTQ_TOOLS``) loaded. Nothing here imports the web f
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dedupe import MessageError, OperatorError, State, Write
@@ -26,21 +28,30 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 __all__ = [
-    "WorkQueue",
+    "MAX_PAGE",
+    "audit_page",
     "audit_trail",
     "await_receipt",
     "campaign_status",
+    "dead_letters",
+    "effects",
+    "effects_page",
+    "expired_claims",
+    "find_keys",
     "inspect",
     "list_effects",
     "operator",
+    "page_cursor",
+    "parse_since",
     "reader",
+    "recheck",
     "replay",
     "resolve",
     "revoke",
+    "stream_cursor",
     "submit_call",
     "submit_campaign_file",
     "supersede",
-    "work_queue",
     "write_document",
 ]
 
@@ -66,32 +77,167 @@ def inspect(ops: Operator, key: str) -> EffectRecord:
     return ops.inspect(key)
 
 
+# A page is bounded (the stream and index reads go on by cursor, never by a bigger page).
+MAX_PAGE = 1000
+_YEAR_S = 366 * 86400
+_STREAM_ID = re.compile(r"[0-9]{1,16}-[0-9]{1,16}")
+_PREFIX = re.compile(r"[0-9a-f]{12,64}")
+_PAGE_CURSOR = re.compile(r"[ul][0-9]{1,16}\.[0-9a-f]{64}")
+
+
+def parse_since(text: str | None, *, now_ms: Callable[[], int], what: str = "since") -> int | None:
+    """A time bound as the faces take it: an ISO 8601 time (UTC unless it names its
+    offset) or a number of seconds ago (up to a year), as ledger ms; MessageError else."""
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not (math.isfinite(seconds) and 0 <= seconds <= _YEAR_S):
+            raise MessageError(f"{what}: seconds ago must be between 0 and {_YEAR_S}")
+        return now_ms() - int(seconds * 1000)
+    if len(text) > 40:
+        raise MessageError(f"{what}: not a time (ISO 8601, or seconds ago)")
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise MessageError(f"{what}: not a time (ISO 8601, or seconds ago)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if not 2000 <= moment.year <= 9999:
+        raise MessageError(f"{what}: the year must be between 2000 and 9999")
+    return int(moment.timestamp() * 1000)
+
+
+def _page_size(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise MessageError(f"limit must be between 1 and {MAX_PAGE}")
+    return limit
+
+
+def stream_cursor(cursor: str | None) -> str | None:
+    """A stream page's cursor (an entry id), checked before anything is contacted."""
+    if cursor is not None and not _STREAM_ID.fullmatch(cursor):
+        raise MessageError("not a cursor of this stream (pass the one a page handed out)")
+    return cursor
+
+
+def page_cursor(cursor: str | None) -> str | None:
+    """A state-index page's cursor, checked before anything is contacted."""
+    if cursor is not None and not _PAGE_CURSOR.fullmatch(cursor):
+        raise MessageError("not a cursor of this listing (pass the one a page handed out)")
+    return cursor
+
+
+def effects(
+    ops: Operator,
+    *,
+    state: State | None = None,
+    tool: str | None = None,
+    since_ms: int | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> tuple[list[EffectRecord], str | None]:
+    """A page of the state indexes (UNKNOWN by when it became so, then the leases) and the
+    cursor of the next one, None at the end."""
+    return ops.page(
+        state=state, tool=tool, since_ms=since_ms, cursor=page_cursor(cursor),
+        limit=_page_size(limit),
+    )  # fmt: skip
+
+
+def effects_page(
+    ops: Operator,
+    *,
+    state: State | None = None,
+    tool: str | None = None,
+    since_ms: int | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``list --since/--cursor --json``: ``effects`` as a document."""
+    records, following = effects(
+        ops, state=state, tool=tool, since_ms=since_ms, cursor=cursor, limit=limit
+    )
+    return {"effects": [r.as_dict() for r in records], "next_cursor": following}
+
+
+def find_keys(ops: Operator, text: str, *, limit: int = 100) -> list[EffectRecord]:
+    """Key search: the record of an exact key, or of keys starting with ``text`` (at least
+    12 hex digits, as a log line shows a key; the ledger scans for them)."""
+    text = text.strip().lower()
+    if not _PREFIX.fullmatch(text):
+        raise MessageError("a key search needs an effect key or its first 12+ hex digits")
+    keys = [text] if len(text) == 64 else ops.ledger.keys_with_prefix(text, limit=limit)
+    return [r for r in ops.ledger.get_many(keys).values() if r is not None]
+
+
+def dead_letters(
+    ops: Operator,
+    *,
+    since_ms: int | None = None,
+    tool: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``deadletters --json``: the dead-letter stream newest first (reason, tool, message
+    id, key) and the cursor of the next page."""
+    entries, following = ops.stream(
+        "deadletters", before=stream_cursor(cursor), since_ms=since_ms,
+        limit=_page_size(limit), where={"tool": tool} if tool else None,
+    )  # fmt: skip
+    return {"dead_letters": [_entry(e) for e in entries], "next_cursor": following}
+
+
+def audit_page(
+    ops: Operator,
+    *,
+    key: str | None = None,
+    since_ms: int | None = None,
+    actor: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``audit --json``: the audit stream (operator actions and refusals) newest first, or
+    one effect's whole trail with ``key``; the cursor of the next page."""
+    entries, following = ops.stream(
+        "audit", before=stream_cursor(cursor), since_ms=since_ms, key=key,
+        limit=_page_size(limit), where={"actor": actor} if actor else None,
+    )  # fmt: skip
+    return {"audit": [_entry(e) for e in entries], "next_cursor": following}
+
+
+def _entry(entry: Mapping[str, str]) -> dict[str, Any]:
+    """A stream entry with the time its id carries (server ms) spelt out."""
+    at_ms = int(entry["id"].partition("-")[0])
+    return {**entry, "at_ms": at_ms, "at": datetime.fromtimestamp(at_ms / 1000, UTC).isoformat()}
+
+
 def list_effects(
     ops: Operator, *, state: State | None = None, tool: str | None = None, limit: int = 100
 ) -> list[EffectRecord]:
     return ops.list(state=state, tool=tool, limit=limit)
 
 
-@dataclass(frozen=True)
-class WorkQueue:
-    """What awaits someone: UNKNOWN effects (an operator) and expired claims (a
-    reconciler), with the ledger's clock to age them by."""
-
-    unknown: list[EffectRecord]
-    blocked: list[EffectRecord]
-    now_ms: int
-
-
-def work_queue(ops: Operator, *, limit: int = 200) -> WorkQueue:
-    unknown = ops.list(state=State.UNKNOWN, limit=limit)
+def expired_claims(ops: Operator, *, limit: int = 200) -> list[EffectRecord]:
+    """Claims whose lease ran out, awaiting the reconciler (at most 8 per bucket)."""
     expired = ops.ledger.expired(limit=8)[:limit]
-    blocked = [r for r in ops.ledger.get_many(expired).values() if r is not None]
-    return WorkQueue(unknown, blocked, ops.ledger.server_time_ms())
+    return [r for r in ops.ledger.get_many(expired).values() if r is not None]
 
 
-def audit_trail(ops: Operator, key: str, *, scan: int = 1000) -> list[dict[str, Any]]:
-    """The audit entries of one effect among the last ``scan`` of the audit stream."""
-    return [e for e in ops.ledger.audit_log(scan) if e.get("key") == key]
+def audit_trail(ops: Operator, key: str) -> list[dict[str, Any]]:
+    """One effect's whole audit trail, newest first (its own index: no stream scan)."""
+    trail: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = audit_page(ops, key=key, cursor=cursor, limit=MAX_PAGE)
+        trail += page["audit"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return trail
 
 
 def campaign_status(
@@ -179,6 +325,25 @@ def revoke(key: str, *, actor: str, reason: str) -> dict[str, Any]:
 
 def supersede(key: str, *, actor: str, reason: str) -> dict[str, Any]:
     return write_document(key, operator().supersede(key, actor=actor, reason=reason))
+
+
+def recheck(
+    tool: str,
+    *,
+    since_ms: int | None,
+    until_ms: int | None,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """``recheck --json``: UNKNOWN effects of ``tool`` (became UNKNOWN in the range) back to
+    the reconciler, which asks the provider again; ``dry_run`` counts and changes nothing."""
+    if since_ms is not None and until_ms is not None and since_ms > until_ms:
+        raise MessageError("since is after until: the range is empty")
+    return operator().recheck(
+        tool, since_ms=since_ms, until_ms=until_ms, actor=actor, reason=reason,
+        dry_run=dry_run,
+    )  # fmt: skip
 
 
 def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:

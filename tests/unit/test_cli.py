@@ -51,7 +51,7 @@ def assert_one_line_refusal(result: Any, secret: str | None = None, code: int = 
 VERBS = [
     [], ["sandbox"], ["worker"], ["submit"], ["reconciler"], ["api"], ["inspect"], ["list"],
     ["resolve"], ["revoke"], ["supersede"], ["replay"], ["demo"], ["campaign"],
-    ["campaign", "submit"], ["campaign", "status"],
+    ["campaign", "submit"], ["campaign", "status"], ["deadletters"], ["audit"], ["recheck"],
 ]  # fmt: skip
 
 
@@ -144,6 +144,7 @@ def test_inspect_imports_the_ledger_but_not_the_worker_path() -> None:
 
 KEYED = {
     "inspect": [],
+    "audit": [],
     "revoke": ["--actor", "ops", "--reason", "r"],
     "supersede": ["--actor", "ops", "--reason", "r"],
     "replay": ["--actor", "ops", "--reason", "r"],
@@ -299,3 +300,66 @@ def test_a_reconciler_and_a_worker_pool_default_to_different_metrics_ports(
     monkeypatch.setenv("EFFECTQ_METRICS_PORT", "9300")  # named explicitly: taken as it is
     assert reconciler_metrics_port(Settings(), None) == 9300
     assert reconciler_metrics_port(Settings(), 9400) == 9400
+
+
+# -- the incident tools: deadletters, audit, recheck, list paging ----------------------------
+
+RECHECK = ["recheck", "--tool", "charge", "--actor", "sre", "--reason", "outage"]
+BAD_TIMES = {
+    "not a time": "secret-yesterday",
+    "nan": "nan",
+    "infinity": "inf",
+    "negative seconds": "-5",
+    "over a year ago": "99999999999",
+    "a 5000-digit number": "7" * 5000,
+    "a huge ISO-looking text": "2027-01-01T00:00:00" + "0" * 100_000,
+    "year 1": "0001-01-01",
+    "month 13": "2027-13-01",
+    "empty": "",
+}
+TIMED = {
+    "deadletters --since": ["deadletters", "--since"],
+    "audit --since": ["audit", "--since"],
+    "list --since": ["list", "--since"],
+    "recheck --since": [*RECHECK, "--since"],
+    "recheck --until": [*RECHECK, "--until"],
+}
+
+
+@pytest.mark.parametrize("argv", list(TIMED.values()), ids=list(TIMED))
+@pytest.mark.parametrize("text", list(BAD_TIMES.values()), ids=list(BAD_TIMES))
+def test_a_bad_time_is_refused_in_one_line_before_the_ledger(argv: list[str], text: str) -> None:
+    line = assert_one_line_refusal(run([*argv, text]), secret="secret")
+    assert "--since" in line or "--until" in line
+
+
+INCIDENT_INPUT = {
+    "deadletters --limit huge": ["deadletters", "--limit", "9" * 5000],
+    "deadletters --limit over a page": ["deadletters", "--limit", "1001"],
+    "deadletters --limit zero": ["deadletters", "--limit", "0"],
+    "deadletters --tool bad": ["deadletters", "--tool", "secret tool"],
+    "deadletters --cursor bad": ["deadletters", "--cursor", "secret-cursor"],
+    "audit --limit negative": ["audit", "--limit", "-1"],
+    "audit --cursor bad": ["audit", "--cursor", "$secret"],
+    "audit --actor huge": ["audit", "--actor", "secret" * 100],
+    "list --limit over a page with --cursor": ["list", "--cursor", "u1." + "a" * 64,
+                                               "--limit", "5000"],
+    "list --key bad": ["list", "--key", "secret"],
+    "list --key short": ["list", "--key", "a" * 11],
+    "list --since a settled state": ["list", "--state", "DONE", "--since", "60"],
+    "list --key and --cursor": ["list", "--key", "a" * 12, "--cursor", "u1." + "a" * 64],
+    "recheck --tool bad": ["recheck", "--tool", "secret tool", "--actor", "a", "--reason", "r"],
+    "recheck without --tool": ["recheck", "--actor", "a", "--reason", "r"],
+    "recheck an empty range": [*RECHECK, "--since", "2027-01-02", "--until", "2027-01-01"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", list(INCIDENT_INPUT.values()), ids=list(INCIDENT_INPUT))
+def test_bad_input_to_the_incident_tools_is_one_line_and_exit_2(argv: list[str]) -> None:
+    assert_one_line_refusal(run(argv), secret="secret")
+
+
+def test_the_incident_tools_reach_the_ledger_with_good_input() -> None:
+    for argv in (["deadletters", "--since", "600"], ["audit", KEY, "--since",
+                 "2027-01-01T00:00:00+02:00"], ["list", "--since", "60", "--json"]):  # fmt: skip
+        assert_one_line_refusal(run(argv), code=7)  # got as far as the (unreachable) ledger

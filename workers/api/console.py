@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from dedupe import EffectqError, EffectRecord, MessageError
+from dedupe import EffectqError, EffectRecord, MessageError, State
 from dedupe.states import OPERATOR_ACTIONS
 
 from .. import verbs
@@ -185,16 +185,105 @@ async def logout(request: Request) -> Response:
 # -- pages ------------------------------------------------------------------------------
 
 
+_STATES = ("UNKNOWN", "CLAIMED", "RECONCILING")
+_TOOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+Text = Annotated[str, Query(max_length=100)]
+
+
 @router.get("")
-def queue(request: Request) -> Response:
+def queue(
+    request: Request, state: Text = "UNKNOWN", tool: Text = "", q: Text = "", cursor: Text = ""
+) -> Response:
+    """The work queue: a page of the state indexes with filters and a key search, and the
+    expired claims awaiting the reconciler (both from bucket indexes: no scan)."""
     if _session(request) is None:
         return _to_login()
+    filters = {"state": state, "tool": tool, "q": q}
     ops = verbs.operator()
-    # Both from bucket indexes (the UNKNOWN index, lease deadlines): bounded, no scan.
-    queue = verbs.work_queue(ops, limit=200)
+    try:
+        if tool and not _TOOL.fullmatch(tool):
+            raise MessageError("not a tool's name")
+        if state not in (*_STATES, "ALL"):
+            raise MessageError("not a state of the work queue")
+        if q:
+            rows, following = verbs.find_keys(ops, q), None
+        else:
+            rows, following = verbs.effects(
+                ops, state=None if state == "ALL" else State(state), tool=tool or None,
+                cursor=cursor or None,
+            )  # fmt: skip
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "queue.html", problem.status, rows=[], blocked=[], filters=filters,
+                     states=_STATES, error=problem.message)  # fmt: skip
+    # The expired claims on the first page only: they are not part of the paging.
+    blocked = [] if cursor or q else verbs.expired_claims(ops)
     return _page(
-        request, "queue.html", unknown=queue.unknown, blocked=queue.blocked, now_ms=queue.now_ms
-    )
+        request, "queue.html", rows=rows, blocked=blocked, now_ms=ops.ledger.server_time_ms(),
+        following=following, filters=filters, states=_STATES,
+    )  # fmt: skip
+
+
+@router.post("/recheck")
+async def recheck(request: Request) -> Response:
+    """The bulk re-check: UNKNOWN effects of a tool back to the reconciler (dry run first)."""
+    session = _session(request)
+    if session is None:
+        return _to_login()
+    form = await _form(request)
+    if form is None or not session.posted(form):
+        return _forbidden(request, "the form's CSRF token does not match your session")
+    if not session.can_operate:
+        return _forbidden(request, "your token lacks the 'operate' scope")
+
+    def run() -> dict[str, Any]:
+        ops = verbs.operator()
+        now = ops.ledger.server_time_ms
+        since = verbs.parse_since(form.get("since") or None, now_ms=now, what="since")
+        until = verbs.parse_since(form.get("until") or None, now_ms=now, what="until")
+        tool = form.get("tool", "")
+        if not _TOOL.fullmatch(tool):
+            raise MessageError("not a tool's name")
+        return verbs.recheck(
+            tool, since_ms=since, until_ms=until, actor=session.token.name,
+            reason=form.get("reason", ""), dry_run=form.get("dry_run") == "on",
+        )  # fmt: skip
+
+    try:
+        result = await run_in_threadpool(run)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "recheck.html", problem.status, result=None, form=form,
+                     error=problem.message)  # fmt: skip
+    return _page(request, "recheck.html", result=result, form=form)
+
+
+@router.get("/deadletters")
+def dead_letters(request: Request, tool: Text = "", cursor: Text = "") -> Response:
+    if _session(request) is None:
+        return _to_login()
+    try:
+        if tool and not _TOOL.fullmatch(tool):
+            raise MessageError("not a tool's name")
+        page = verbs.dead_letters(verbs.operator(), tool=tool or None, cursor=cursor or None)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "deadletters.html", problem.status, page=None, tool=tool,
+                     error=problem.message)  # fmt: skip
+    return _page(request, "deadletters.html", page=page, tool=tool)
+
+
+@router.get("/audit")
+def audit(request: Request, actor: Text = "", cursor: Text = "") -> Response:
+    if _session(request) is None:
+        return _to_login()
+    try:
+        page = verbs.audit_page(verbs.operator(), actor=actor or None, cursor=cursor or None)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "audit.html", problem.status, page=None, actor=actor,
+                     error=problem.message)  # fmt: skip
+    return _page(request, "audit.html", page=page, actor=actor)
 
 
 def _story(request: Request, key: str, status: int = 200, **context: Any) -> Response:

@@ -56,6 +56,23 @@ class Action(_Strict):
     reason: Reason
 
 
+Since = Annotated[str, StringConstraints(min_length=1, max_length=40)]
+
+
+class Recheck(_Strict):
+    """``effectq recheck``: UNKNOWN effects of a tool back to the reconciler."""
+
+    tool: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
+    since: Since | None = Field(
+        default=None, description="became UNKNOWN at or after: ISO 8601, or seconds ago"
+    )
+    until: Since | None = Field(
+        default=None, description="became UNKNOWN at or before: ISO 8601, or seconds ago"
+    )
+    reason: Reason
+    dry_run: bool = Field(default=False, description="count them; change nothing")
+
+
 # -- responses --------------------------------------------------------------------------
 
 
@@ -160,6 +177,60 @@ class ReplayResult(BaseModel):
 
     key: str
     status: str
+
+
+class EffectsPage(BaseModel):
+    """``effectq list --since/--cursor --json``: a page of the state indexes."""
+
+    effects: list[EffectDocument]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class DeadLetter(BaseModel):
+    id: str = Field(description="the stream entry id (server ms-sequence)")
+    at_ms: int
+    at: str
+    message_id: str
+    tool: str
+    key: str = Field(description="the effect key, empty when the message named none")
+    reason: str
+
+
+class DeadLetterPage(BaseModel):
+    """``effectq deadletters --json``, newest first."""
+
+    dead_letters: list[DeadLetter]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class AuditEntry(BaseModel):
+    id: str = Field(description="the stream entry id (server ms-sequence)")
+    at_ms: int
+    at: str
+    action: str
+    key: str = Field(description="the effect key, empty for an action on many (recheck)")
+    actor: str
+    reason: str
+    outcome: str
+
+
+class AuditPage(BaseModel):
+    """``effectq audit --json``, newest first."""
+
+    audit: list[AuditEntry]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class RecheckResult(BaseModel):
+    """``effectq recheck --json``."""
+
+    tool: str
+    since_ms: int | None
+    until_ms: int | None
+    dry_run: bool
+    matched: int = Field(description="UNKNOWN effects of the tool in the range")
+    rechecked: int = Field(description="sent back to the reconciler (0 on a dry run)")
+    refused: dict[str, int] = Field(description="state -> effects settled meanwhile")
 
 
 class FieldError(BaseModel):

@@ -8,14 +8,14 @@ ledger and broker clients belong.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from dedupe import MessageError
+from dedupe import MessageError, State
 
 from .. import verbs
 from ..campaign import CampaignFile
@@ -23,6 +23,9 @@ from ..producer import Status, WaitTimeout
 from . import models
 from .auth import ApiToken, Tokens
 from .problems import ApiProblem
+
+if TYPE_CHECKING:
+    from reconciler import Operator
 
 __all__ = ["router"]
 
@@ -203,6 +206,94 @@ def get_campaign(
     return JSONResponse(document)
 
 
+_SINCE = "from this time on: ISO 8601 (UTC unless it says otherwise), or seconds ago"
+Since = Annotated[str | None, Query(min_length=1, max_length=40, description=_SINCE)]
+PageCursor = Annotated[
+    str | None,
+    Query(min_length=1, max_length=100, description="from the previous page's next_cursor"),
+]
+PageLimit = Annotated[int, Query(ge=1, le=verbs.MAX_PAGE)]
+ToolQuery = Annotated[str | None, Query(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
+
+
+def _since(ops: Operator, text: str | None, what: str = "since") -> int | None:
+    return verbs.parse_since(text, now_ms=ops.ledger.server_time_ms, what=what)
+
+
+@router.get(
+    "/effects",
+    summary="A page of the unsettled effects (the state indexes), or a key search",
+    responses={200: {"model": models.EffectsPage}, **_problems(*_AUTH)},
+)
+def list_effects(
+    caller: Reader,
+    state: Annotated[
+        Literal["UNKNOWN", "CLAIMED", "RECONCILING"] | None,
+        Query(description="default: UNKNOWN, then CLAIMED and RECONCILING"),
+    ] = None,
+    tool: ToolQuery = None,
+    since: Since = None,
+    cursor: PageCursor = None,
+    limit: PageLimit = 100,
+    key: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9a-f]{12,64}$", description="an effect key or its first 12+ digits"),
+    ] = None,
+) -> JSONResponse:
+    ops = verbs.operator()
+    if key is not None:
+        if since is not None or cursor is not None:
+            raise ApiProblem(422, "invalid", "key searches by key: it does not page")
+        found = verbs.find_keys(ops, key, limit=limit)
+        return JSONResponse({"effects": [r.as_dict() for r in found], "next_cursor": None})
+    page = verbs.effects_page(
+        ops, state=State(state) if state else None, tool=tool, since_ms=_since(ops, since),
+        cursor=cursor, limit=limit,
+    )  # fmt: skip
+    return JSONResponse(page)
+
+
+@router.get(
+    "/deadletters",
+    summary="The dead-letter stream, newest first",
+    responses={200: {"model": models.DeadLetterPage}, **_problems(*_AUTH)},
+)
+def dead_letters(
+    caller: Reader,
+    since: Since = None,
+    tool: ToolQuery = None,
+    cursor: PageCursor = None,
+    limit: PageLimit = 100,
+) -> JSONResponse:
+    ops = verbs.operator()
+    page = verbs.dead_letters(
+        ops, since_ms=_since(ops, since), tool=tool, cursor=cursor, limit=limit
+    )
+    return JSONResponse(page)
+
+
+@router.get(
+    "/audit",
+    summary="The audit stream (operator actions and refusals), newest first",
+    responses={200: {"model": models.AuditPage}, **_problems(*_AUTH)},
+)
+def audit(
+    caller: Reader,
+    key: Annotated[
+        str | None, Query(pattern=models.KEY_PATTERN, description="one effect's whole trail")
+    ] = None,
+    since: Since = None,
+    actor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    cursor: PageCursor = None,
+    limit: PageLimit = 100,
+) -> JSONResponse:
+    ops = verbs.operator()
+    page = verbs.audit_page(
+        ops, key=key, since_ms=_since(ops, since), actor=actor, cursor=cursor, limit=limit
+    )
+    return JSONResponse(page)
+
+
 @router.get(
     "/effects/{key}",
     summary="One effect: state, receipts, raw response, history",
@@ -245,3 +336,17 @@ def supersede(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
 )
 def replay(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
     return JSONResponse(verbs.replay(key, actor=caller.name, reason=body.reason))
+
+
+@router.post(
+    "/recheck",
+    summary="Send UNKNOWN effects of a tool back to the reconciler (dry_run: count them)",
+    responses={200: {"model": models.RecheckResult}, **_problems(*_AUTH)},
+)
+def recheck(caller: Operating, body: models.Recheck) -> JSONResponse:
+    ops = verbs.operator()
+    document = verbs.recheck(
+        body.tool, since_ms=_since(ops, body.since), until_ms=_since(ops, body.until, "until"),
+        actor=caller.name, reason=body.reason, dry_run=body.dry_run,
+    )  # fmt: skip
+    return JSONResponse(document)
