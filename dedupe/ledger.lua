@@ -4,7 +4,7 @@
 -- state table sits in one file; every call is one EVALSHA round trip.
 --
 -- KEYS (all share one hash tag, the record's bucket: one slot, Cluster-safe)
---   KEYS[1]  record   string: JSON object, fields below
+--   KEYS[1]  record   string: struct-packed fields (below)
 --   KEYS[2]  leases   zset:   effect key -> lease deadline (ms, server clock) of every
 --                              CLAIMED / RECONCILING record in the bucket; the reconciler
 --                              scans only this, never the keyspace
@@ -13,7 +13,7 @@
 --                              "fenced:<op>" (stale writes refused), "dup_submit:<tool>",
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
 --                              "conflict:<tool>"
---   KEYS[4]  pending  string: "<fingerprint>|<message id>" of a live broker message for this
+--   KEYS[4]  pending  string: "<fingerprint hex>|<message id>" of a live broker message for this
 --                              effect (producer-side dedupe before the broker); expires by
 --                              itself, cleared on DONE and on dead-letter
 --   KEYS[5]  unknown  zset:   effect key -> ms it became UNKNOWN: the operators' work queue
@@ -26,33 +26,151 @@
 --                              never becomes valid again). Never expires.
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
--- Record fields (short names keep a DONE record small):
+-- Record fields, as the script holds them in a Lua table (short names, DESIGN §2):
 --   s state   t fencing token (per key, only grows, also across the record's expiry)
---   f fingerprint   g generation (bumped only by a claim for a submission made after a
---   revoke/supersede: see claim)
+--   f fingerprint (32 bytes, binary)   g generation (bumped only by a claim for a
+--   submission made after a revoke/supersede: see claim)
 --   tool      n attempts (claims granted)             c created ms
 --   d lease deadline ms (CLAIMED/RECONCILING only)    h holder (CLAIMED/RECONCILING only)
 --   a ms of the last granted claim (when the effect may first have been sent)
 --   x ms the reconciler first took it over, ra reconciler takeovers (RECONCILING only)
 --   cp campaign tag (a hash of the campaign id) when the effect belongs to a campaign
---   q request (opaque JSON text)   r receipt (opaque JSON text)   raw provider's raw
---   response when it differs from r   lr late receipts [[token, receipt, ms], ...]
---   y history [[state, token, ms, note], ...] (the last HISTORY entries)
+--   q request (opaque JSON text; kept on every state: replay sends it again from FAILED,
+--   and from REVOKED / SUPERSEDED, which only a DONE record becomes)
+--   r receipt (opaque JSON text)   raw provider's raw response when it differs from r
+--   lr late receipts [[token, receipt, ms], ...]
+--   y history [[state, token, ms, note], ...]: the last HISTORY entries, the last
+--   DONE_HISTORY on DONE (the bulk of records; an operator's revoke keeps what is left)
+--
+-- Stored form: one string, struct-packed (big-endian), read and written by one C call each;
+-- a binary fingerprint and fixed-width integers take half the bytes of JSON with hex:
+--   tag (1 byte: SETTLED, or LIVE when the record has a lease deadline), state code, t, g,
+--   n, c, f; LIVE only: d, a, x, ra, h; then tool, cp, q, r, raw (empty = absent), the late
+--   receipts, the history (each step's token as its distance below t: the token changes
+--   only with a step, so the kept steps span at most HISTORY). A record written before this
+--   format is a JSON object (first byte '{'): it is read as such and saved in this form at
+--   its next write.
 --
 -- Time is the server's (TIME), never a client clock. A claim never expires by itself: an
 -- expired lease makes the record `blocked` until the reconciler takes it over.
 
 local HISTORY = 16
+local DONE_HISTORY = 4
 local LATE = 8
+
+local SETTLED, LIVE = 1, 2
+local CODE = {CLAIMED = 1, DONE = 2, FAILED = 3, RECONCILING = 4, UNKNOWN = 5,
+  REVOKED = 6, SUPERSEDED = 7}
+local NAME = {'CLAIMED', 'DONE', 'FAILED', 'RECONCILING', 'UNKNOWN', 'REVOKED', 'SUPERSEDED'}
+local HEAD = '>BBI6I4I4I6Bc0'           -- tag, state, t, g, n, c, f
+local LEASE = 'I6I6I6I2Hc0'             -- d, a, x, ra, h (0 / empty = absent)
+local TEXTS = 'Hc0Hc0I3c0I3c0I3c0B'     -- tool, cp, q, r, raw, late receipts count
+local FORMAT = {[SETTLED] = HEAD .. TEXTS, [LIVE] = HEAD .. LEASE .. TEXTS}
+local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms
+local STEP = '>BHI6Hc0'                 -- state code, t - token, ms, note
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local op = ARGV[1]
 local key = ARGV[2]
+
+local function nonzero(v) if v ~= 0 then return v end end
+local function nonempty(v) if v ~= '' then return v end end
+
+local function unhex(text)
+  return (string.gsub(text, '%x%x', function(h) return string.char(tonumber(h, 16)) end))
+end
+
+local function hex(bytes)
+  return string.format(string.rep('%02x', #bytes), string.byte(bytes, 1, -1))
+end
+
+local function decode(blob)
+  local tag = string.byte(blob, 1)
+  if tag == 123 then  -- '{': a record of the JSON format this one replaced
+    local old = cjson.decode(blob)
+    old.f, old.n, old.c, old.y = unhex(old.f), old.n or 0, old.c or 0, old.y or {}
+    return old
+  end
+  local rec = {}
+  local v = {struct.unpack(FORMAT[tag], blob)}
+  local s
+  s, rec.t, rec.g, rec.n, rec.c, rec.f = v[2], v[3], v[4], v[5], v[6], v[7]
+  rec.s = NAME[s]
+  local i = 8
+  if tag == LIVE then
+    rec.d, rec.a, rec.x, rec.ra = v[8], nonzero(v[9]), nonzero(v[10]), nonzero(v[11])
+    rec.h = nonempty(v[12])
+    i = 13
+  end
+  rec.tool, rec.cp, rec.q = v[i], nonempty(v[i + 1]), nonempty(v[i + 2])
+  rec.r, rec.raw = nonempty(v[i + 3]), nonempty(v[i + 4])
+  local late, pos = v[i + 5], v[i + 6]
+  if late > 0 then
+    local lr = {}
+    for j = 1, late do
+      local token, receipt, ms
+      token, receipt, ms, pos = struct.unpack(LATE_ENTRY, blob, pos)
+      lr[j] = {token, receipt, ms}
+    end
+    rec.lr = lr
+  end
+  local steps
+  steps, pos = struct.unpack('>B', blob, pos)
+  local y = {}
+  for j = 1, steps do
+    local code, token, ms, note
+    code, token, ms, note, pos = struct.unpack(STEP, blob, pos)
+    y[j] = {NAME[code], rec.t - token, ms, note}
+  end
+  rec.y = y
+  return rec
+end
+
+local function encode(rec)
+  local y = rec.y
+  if rec.s == 'DONE' and #y > DONE_HISTORY then
+    local kept = {}
+    for j = #y - DONE_HISTORY + 1, #y do kept[#kept + 1] = y[j] end
+    y = kept
+    rec.y = kept
+  end
+  local tool, cp, q, r, raw = rec.tool, rec.cp or '', rec.q or '', rec.r or '', rec.raw or ''
+  local lr = rec.lr or {}
+  local fmt
+  local v
+  if rec.d then
+    local h = rec.h or ''
+    fmt = FORMAT[LIVE]
+    v = {LIVE, CODE[rec.s], rec.t, rec.g, rec.n, rec.c, #rec.f, rec.f,
+      rec.d, rec.a or 0, rec.x or 0, rec.ra or 0, #h, h,
+      #tool, tool, #cp, cp, #q, q, #r, r, #raw, raw, #lr}
+  else
+    fmt = FORMAT[SETTLED]
+    v = {SETTLED, CODE[rec.s], rec.t, rec.g, rec.n, rec.c, #rec.f, rec.f,
+      #tool, tool, #cp, cp, #q, q, #r, r, #raw, raw, #lr}
+  end
+  local n = #v
+  for j = 1, #lr do
+    local e = lr[j]
+    v[n + 1], v[n + 2], v[n + 3], v[n + 4] = e[1], #e[2], e[2], e[3]
+    n = n + 4
+  end
+  n = n + 1
+  v[n] = #y
+  for j = 1, #y do
+    local e = y[j]
+    v[n + 1], v[n + 2], v[n + 3], v[n + 4], v[n + 5] = CODE[e[1]], rec.t - e[2], e[3], #e[4], e[4]
+    n = n + 5
+  end
+  return struct.pack(fmt .. string.rep(LATE_ENTRY, #lr) .. '>B' .. string.rep(STEP, #y),
+    unpack(v, 1, n))
+end
+
 local rec = nil
 local blob = redis.call('GET', KEYS[1])
-if blob then rec = cjson.decode(blob) end
+if blob then rec = decode(blob) end
 
 local COUNTED = {CLAIMED = true, RECONCILING = true, UNKNOWN = true}
 
@@ -99,9 +217,9 @@ local function save(retention_ms)
   if retention_ms and retention_ms > 0 then
     -- The record may expire: remember its token, so the key's next record starts above it.
     if floor() < rec.t then redis.call('SET', KEYS[7], rec.t) end
-    redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', retention_ms)
+    redis.call('SET', KEYS[1], encode(rec), 'PX', retention_ms)
   else
-    redis.call('SET', KEYS[1], cjson.encode(rec))
+    redis.call('SET', KEYS[1], encode(rec))
   end
 end
 
@@ -144,7 +262,7 @@ local function claim()
     rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign}
     move('CLAIMED', token, 'claim', deadline)
     rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
-    redis.call('SET', KEYS[1], cjson.encode(rec), 'NX')
+    redis.call('SET', KEYS[1], encode(rec), 'NX')
     return {'acquired', token, 0}
   end
   local s = rec.s
@@ -344,14 +462,17 @@ local function submit()
     return answer('blocked')
   end
   local marker = redis.call('GET', KEYS[4])
+  -- The marker names the fingerprint in hex, as markers written before the binary record
+  -- format did (a marker outlives an upgrade).
+  local fph = hex(fp)
   -- A repeat of this very submission (a retried call whose reply was lost) answers as the
   -- first did: submit is safe to repeat per message id.
-  if not marker or marker == fp .. '|' .. message_id
-      or (force and string.sub(marker, 1, #fp) == fp) then
-    redis.call('SET', KEYS[4], fp .. '|' .. message_id, 'PX', pending_ms)
+  if not marker or marker == fph .. '|' .. message_id
+      or (force and string.sub(marker, 1, #fph) == fph) then
+    redis.call('SET', KEYS[4], fph .. '|' .. message_id, 'PX', pending_ms)
     return answer('enqueue')
   end
-  if string.sub(marker, 1, #fp) ~= fp then
+  if string.sub(marker, 1, #fph) ~= fph then
     bump('conflict', tool)
     return answer('conflict')
   end
@@ -359,9 +480,17 @@ local function submit()
   return answer('pending')
 end
 
+-- get(): the record as the JSON object of the format before this one (fingerprint in hex)
+-- and its PTTL, or nil: the one reader of the stored form is this script.
+local function get()
+  if not rec then return false end
+  rec.f = hex(rec.f)
+  return {cjson.encode(rec), redis.call('PTTL', KEYS[1])}
+end
+
 local OPS = {
   submit = submit, claim = claim, heartbeat = heartbeat, commit = commit, fail = fail,
-  handover = handover, takeover = takeover, unknown = unknown, operate = operate,
+  handover = handover, takeover = takeover, unknown = unknown, operate = operate, get = get,
 }
 local fn = OPS[op]
 if not fn then return redis.error_reply('unknown ledger op ' .. tostring(op)) end

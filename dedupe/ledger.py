@@ -553,8 +553,8 @@ class Ledger:
         for effect, _ in calls:
             self.request_text(effect)
         batch = [
-            (effect.key, ["submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s),
-                          message_id, "1" if force else "0"])
+            (effect.key, ["submit", effect.key, bytes.fromhex(effect.fingerprint), effect.tool,
+                          _ms(pending_s), message_id, "1" if force else "0"])
             for effect, message_id in calls
         ]  # fmt: skip
         with self.guard(reread=True):
@@ -630,8 +630,8 @@ class Ledger:
         carried by the envelope). On a REVOKED / SUPERSEDED record only a later generation
         opens the next one; an older message is a duplicate of the voided generation."""
         request = self.request_text(effect)
-        argv = [effect.fingerprint, effect.tool, _ms(lease_s), holder, request, campaign or "",
-                generation]  # fmt: skip
+        argv = [bytes.fromhex(effect.fingerprint), effect.tool, _ms(lease_s), holder, request,
+                campaign or "", generation]  # fmt: skip
         return Claim.from_reply(effect.key, self._call("claim", effect.key, *argv))
 
     def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
@@ -736,17 +736,22 @@ class Ledger:
     def get_many(self, keys: Iterable[str]) -> dict[str, EffectRecord | None]:
         """Records of ``keys`` in one pipelined round trip (None where there is none)."""
         keys = list(keys)
-        with self.guard():
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                record_key = self._keys(key)[0]
-                pipe.get(record_key)
-                pipe.pttl(record_key)
-            replies = pipe.execute()
+        if not keys:
+            return {}
+        # The script is the one reader of the stored form: it answers the record as JSON.
+        with self.guard(reread=True):
+            replies = self._script_batch([(key, ["get", key]) for key in keys])
         return {
-            key: None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
-            for key, blob, ttl in zip(keys, replies[::2], replies[1::2], strict=True)
+            key: None if reply is None else EffectRecord.from_blob(key, reply[0], int(reply[1]))
+            for key, reply in zip(keys, replies, strict=True)
         }
+
+    def _stored(self, key: str) -> dict[str, Any] | None:
+        """The record's fields as the script reads them (the JSON object of the format before
+        the binary one), for tests and benchmarks that compare whole records."""
+        with self.guard(key):
+            reply = self._script(keys=self._keys(key), args=["get", key])
+        return None if reply is None else dict(json.loads(reply[0]))
 
     def keys_in(self, state: State, *, limit: int = 1000) -> list[str]:
         """Keys of records in ``state``. UNKNOWN, CLAIMED and RECONCILING come from the

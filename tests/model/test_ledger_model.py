@@ -143,8 +143,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return self.ledger._keys(self.keys[k])[0]
 
     def _raw(self, k: int) -> dict[str, Any] | None:
-        blob = self.ledger.client.get(self._record_key(k))
-        return None if blob is None else dict(json.loads(str(blob)))
+        return self.ledger._stored(self.keys[k])
 
     def _unchanged(self, k: int, before: dict[str, Any] | None, what: str, *skip: str) -> None:
         after = self._raw(k)
