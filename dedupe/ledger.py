@@ -554,7 +554,7 @@ class Ledger:
             self.request_text(effect)
         batch = [
             (effect.key, ["submit", effect.key, bytes.fromhex(effect.fingerprint), effect.tool,
-                          _ms(pending_s), message_id, "1" if force else "0"])
+                          _ms(pending_s), message_id, "1" if force else "0", effect.fingerprint])
             for effect, message_id in calls
         ]  # fmt: skip
         with self.guard(reread=True):

@@ -309,19 +309,20 @@ def round_trips(body: Body, n: int) -> float:
 def record_breakdown(record: dict[str, Any]) -> list[tuple[str, int]]:
     """Bytes each part takes in the stored (struct-packed) form of a settled record, as
     ledger.lua lays it out: length prefixes included."""
+
     def text(name: str, prefix: int) -> int:
         return prefix + len(str(record.get(name) or "").encode())
 
     sizes = [
-        ("head", 22),  # tag, state, token, generation, attempts, created
+        ("head", 19),  # layout and state, token, generation, attempts, created
         ("f", 1 + len(record["f"]) // 2),
-        ("tool", text("tool", 2)),
-        ("cp", text("cp", 2)),
+        ("tool", text("tool", 1)),
+        ("cp", text("cp", 1)),
         ("q", text("q", 3)),
         ("r", text("r", 3)),
         ("raw", text("raw", 3)),
-        ("lr", 1 + sum(15 + len(str(r).encode()) for _, r, _ in record.get("lr") or [])),
-        ("y", 1 + sum(11 + len(str(note).encode()) for *_, note in record["y"])),
+        ("lr", 4 + sum(15 + len(str(r).encode()) for _, r, _ in record.get("lr") or [])),
+        ("y", 1 + sum(15 + len(str(note).encode()) for *_, note in record["y"])),
     ]
     return sorted(sizes, key=lambda kv: -kv[1])
 

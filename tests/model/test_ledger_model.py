@@ -28,7 +28,6 @@ a failure prints its steps and a ``@reproduce_failure`` blob, and hypothesis kee
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
