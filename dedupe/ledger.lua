@@ -71,7 +71,10 @@ local LIVE_FORMAT = '>BI6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
 local SETTLED_READ = '>I6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
 local LIVE_READ = '>I6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
 local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms
-local STEP = '>BI6I6Hc0'                -- state code, token, ms, note
+-- state code, token - the previous step's token, ms, note: a step is the only change of a
+-- record's token, always by 0 or 1 but at a fresh record, whose first step nothing precedes;
+-- so the tokens are t and the distances back from it, and a step takes no token field
+local STEP = '>BBI6Hc0'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -96,14 +99,29 @@ local function trim(blob, n, keep, fmt)
   return string.sub(blob, pos), n
 end
 
--- The entries of a packed list as Lua arrays (reads that return them: takeover, get).
-local function entries(blob, n, fmt, code)
+-- The late receipts as [token, receipt, ms] arrays (the reads that return them).
+local function late_list(rec)
   local list, pos = {}, 1
-  for j = 1, n do
-    local e = {struct.unpack(fmt, blob, pos)}
-    pos = table.remove(e)
-    if code then e[1] = NAME[e[1]] end
-    list[j] = e
+  for j = 1, rec.ln do
+    local token, receipt, ms
+    token, receipt, ms, pos = struct.unpack(LATE_ENTRY, rec.lb, pos)
+    list[j] = {token, receipt, ms}
+  end
+  return list
+end
+
+-- The history as [state, token, ms, note] arrays, tokens counted back from t.
+local function history(rec)
+  local list, back, pos = {}, {}, 1
+  for j = 1, rec.yn do
+    local code, delta, ms, note
+    code, delta, ms, note, pos = struct.unpack(STEP, rec.yb, pos)
+    list[j], back[j] = {NAME[code], 0, ms, note}, delta
+  end
+  local token = rec.t
+  for j = rec.yn, 1, -1 do
+    list[j][2] = token
+    token = token - back[j]
   end
   return list
 end
@@ -121,7 +139,11 @@ local function decode(blob)
     for j, e in ipairs(lr) do parts[j] = struct.pack(LATE_ENTRY, e[1], #e[2], e[2], e[3]) end
     rec.lb, rec.ln = table.concat(parts), #lr
     parts = {}
-    for j, e in ipairs(y) do parts[j] = struct.pack(STEP, CODE[e[1]], e[2], e[3], #e[4], e[4]) end
+    local last = y[1] and y[1][2] or 0
+    for j, e in ipairs(y) do
+      parts[j] = struct.pack(STEP, CODE[e[1]], math.min(e[2] - last, 255), e[3], #e[4], e[4])
+      last = e[2]
+    end
     rec.yb, rec.yn = table.concat(parts), #y
     rec.lr, rec.y = nil, nil
     return rec
@@ -189,11 +211,12 @@ local function move(state, token, note, deadline)
     if rec.s then redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. rec.s, -1) end
     redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. state, 1)
   end
+  note = note or ''
+  -- The distance is 0 or 1 but at a fresh record (rec.t 0), where nothing reads it.
+  rec.yb = rec.yb .. struct.pack(STEP, CODE[state], math.min(token - rec.t, 255), now, #note, note)
   rec.s = state
   rec.t = token
   count(state, 1)
-  note = note or ''
-  rec.yb = rec.yb .. struct.pack(STEP, CODE[state], token, now, #note, note)
   rec.yn = rec.yn + 1
   if rec.yn > HISTORY then rec.yb, rec.yn = trim(rec.yb, rec.yn, HISTORY, STEP) end
   if state ~= 'RECONCILING' then
@@ -399,7 +422,7 @@ if op == 'takeover' then
     save(0)
     return {
       'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.a or rec.c,
-      cjson.encode(entries(rec.lb, rec.ln, LATE_ENTRY)), since, rounds, now,
+      cjson.encode(late_list(rec)), since, rounds, now,
     }
   end
   return takeover()
@@ -516,8 +539,8 @@ end
 if op == 'get' then
   local function get()
     if not rec then return false end
-    rec.f, rec.y = hex(rec.f), entries(rec.yb, rec.yn, STEP, true)
-    if rec.ln > 0 then rec.lr = entries(rec.lb, rec.ln, LATE_ENTRY) end
+    rec.f, rec.y = hex(rec.f), history(rec)
+    if rec.ln > 0 then rec.lr = late_list(rec) end
     rec.lb, rec.ln, rec.yb, rec.yn = nil, nil, nil, nil
     return {cjson.encode(rec), redis.call('PTTL', KEYS[1])}
   end

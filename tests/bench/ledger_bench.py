@@ -322,7 +322,7 @@ def record_breakdown(record: dict[str, Any]) -> list[tuple[str, int]]:
         ("r", text("r", 3)),
         ("raw", text("raw", 3)),
         ("lr", 4 + sum(15 + len(str(r).encode()) for _, r, _ in record.get("lr") or [])),
-        ("y", 1 + sum(15 + len(str(note).encode()) for *_, note in record["y"])),
+        ("y", 1 + sum(10 + len(str(note).encode()) for *_, note in record["y"])),
     ]
     return sorted(sizes, key=lambda kv: -kv[1])
 
