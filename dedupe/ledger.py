@@ -74,6 +74,9 @@ _CODE_OF: dict[type[Exception], str] = {
     redis.exceptions.NoScriptError: "NOSCRIPT",
 }
 _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
+# ledger.lua stores the request, receipt and raw response lengths in 3 bytes, notes in 2.
+_MAX_TEXT_BYTES = 2**24 - 1
+_NOTE_CHARS = 500  # 500 characters are at most 2,000 bytes
 # Ops sent once more after a failover error re-read the slot map: their repeat is harmless
 # even if the first try ran and only its reply was lost (heartbeat extends the lease again;
 # commit, fail and handover under the same token answer ok again; submit finds its own
@@ -251,6 +254,8 @@ class Ledger:
     ) -> None:
         if not 1 <= buckets <= 16384:
             raise ValueError("buckets must be between 1 and 16384")
+        if max(max_request_bytes, max_receipt_bytes, max_raw_bytes) > _MAX_TEXT_BYTES:
+            raise ValueError("the request, receipt and raw response bounds are at most 16 MiB")
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
         self.client = client
@@ -653,16 +658,17 @@ class Ledger:
         record becomes UNKNOWN (evidence of execution blocks the key for an operator)."""
         text, raw_text = self._receipt_texts(receipt, raw, key)
         return Write.from_reply(
-            self._call("commit", key, token, text, raw_text, _ms(retention_s), note)
+            self._call("commit", key, token, text, raw_text, _ms(retention_s), note[:_NOTE_CHARS])
         )
 
     def fail(self, key: str, token: int, *, reason: str, retention_s: float) -> Write:
         """CLAIMED / RECONCILING under ``token`` → FAILED: known not executed."""
-        return Write.from_reply(self._call("fail", key, token, reason[:500], _ms(retention_s)))
+        reply = self._call("fail", key, token, reason[:_NOTE_CHARS], _ms(retention_s))
+        return Write.from_reply(reply)
 
     def handover(self, key: str, token: int, *, reason: str) -> Write:
         """The holder cannot tell whether the effect happened: hand it to the reconciler now."""
-        return Write.from_reply(self._call("handover", key, token, reason[:500]))
+        return Write.from_reply(self._call("handover", key, token, reason[:_NOTE_CHARS]))
 
     # -- reconciler transitions -------------------------------------------------------
 
@@ -688,7 +694,7 @@ class Ledger:
 
     def mark_unknown(self, key: str, token: int, *, reason: str) -> Write:
         """RECONCILING under ``token`` → UNKNOWN: blocks every claim until an operator acts."""
-        return Write.from_reply(self._call("unknown", key, token, reason[:500]))
+        return Write.from_reply(self._call("unknown", key, token, reason[:_NOTE_CHARS]))
 
     # -- operator transitions ---------------------------------------------------------
 
@@ -712,7 +718,7 @@ class Ledger:
         text, raw_text = self._receipt_texts(receipt, raw, key) if receipt is not None else ("", "")
         override = "1" if override_evidence else "0"
         reply = self._call(
-            "operate", key, action, note[:500], _ms(retention_s), text, raw_text, override
+            "operate", key, action, note[:_NOTE_CHARS], _ms(retention_s), text, raw_text, override
         )
         if reply[0] == "refused" and len(reply) > 3:
             late = int(reply[3])

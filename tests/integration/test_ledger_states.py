@@ -603,3 +603,17 @@ def test_submit_refuses_an_oversized_request_before_writing_anything(ledger: Led
     for effect in (small, big):
         assert ledger.client.exists(ledger._keys(effect.key)[3]) == 0  # no pending marker
     assert ledger.submit(small, message_id="m-small", pending_s=60).status == "enqueue"
+
+
+def test_a_long_note_is_cut_so_the_packed_record_stays_readable(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    note = "reconciled: " + "é" * 70_000  # over the 2-byte length a history step carries
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=60, note=note).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.reason == note[:500]
+
+
+def test_text_bounds_over_the_records_3_byte_lengths_are_refused(ledger: Ledger) -> None:
+    with pytest.raises(ValueError, match="16 MiB"):
+        Ledger(ledger.client, namespace=ledger.namespace, max_receipt_bytes=2**24)
