@@ -4,7 +4,7 @@
 -- state table sits in one file; every call is one EVALSHA round trip.
 --
 -- KEYS (all share one hash tag, the record's bucket: one slot, Cluster-safe)
---   KEYS[1]  record   string: JSON object, fields below
+--   KEYS[1]  record   string: struct-packed fields (below)
 --   KEYS[2]  leases   zset:   effect key -> lease deadline (ms, server clock) of every
 --                              CLAIMED / RECONCILING record in the bucket; the reconciler
 --                              scans only this, never the keyspace
@@ -13,7 +13,7 @@
 --                              "fenced:<op>" (stale writes refused), "dup_submit:<tool>",
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
 --                              "conflict:<tool>"
---   KEYS[4]  pending  string: "<fingerprint>|<message id>" of a live broker message for this
+--   KEYS[4]  pending  string: "<fingerprint hex>|<message id>" of a live broker message for this
 --                              effect (producer-side dedupe before the broker); expires by
 --                              itself, cleared on DONE and on dead-letter
 --   KEYS[5]  unknown  zset:   effect key -> ms it became UNKNOWN: the operators' work queue
@@ -26,33 +26,173 @@
 --                              never becomes valid again). Never expires.
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
--- Record fields (short names keep a DONE record small):
+-- Record fields, as the script holds them in a Lua table (short names, DESIGN §2):
 --   s state   t fencing token (per key, only grows, also across the record's expiry)
---   f fingerprint   g generation (bumped only by a claim for a submission made after a
---   revoke/supersede: see claim)
+--   f fingerprint (32 bytes, binary)   g generation (bumped only by a claim for a
+--   submission made after a revoke/supersede: see claim)
 --   tool      n attempts (claims granted)             c created ms
 --   d lease deadline ms (CLAIMED/RECONCILING only)    h holder (CLAIMED/RECONCILING only)
 --   a ms of the last granted claim (when the effect may first have been sent)
 --   x ms the reconciler first took it over, ra reconciler takeovers (RECONCILING only)
 --   cp campaign tag (a hash of the campaign id) when the effect belongs to a campaign
---   q request (opaque JSON text)   r receipt (opaque JSON text)   raw provider's raw
---   response when it differs from r   lr late receipts [[token, receipt, ms], ...]
---   y history [[state, token, ms, note], ...] (the last HISTORY entries)
+--   q request (opaque JSON text; kept on every state: replay sends it again from FAILED,
+--   and from REVOKED / SUPERSEDED, which only a DONE record becomes)
+--   r receipt (opaque JSON text)   raw provider's raw response when it differs from r
+--   lb the late receipts, ln of them (the last LATE): [token, receipt, ms] each
+--   yb the history, yn steps: [state, token, ms, note] each (the last HISTORY; the last
+--   DONE_HISTORY on DONE, the bulk of records; an operator's revoke keeps what is left)
+--
+-- Stored form: one string, struct-packed (big-endian), read and written by one C call each
+-- plus the two lists lb and yb, which stay packed (a transition appends to them; only
+-- takeover and get unpack them). A binary fingerprint and fixed-width integers take half the
+-- bytes of JSON with hex:
+--   layout (SETTLED, or LIVE when the record has a lease deadline) * 16 + state code, t, g,
+--   n, c, f; LIVE only: d, a, x, ra, h; then tool, cp, q, r, raw (empty = absent; tool and cp
+--   are short names, under 256 bytes), ln and the bytes of lb, lb, yn, yb. A record written
+--   before this format is a JSON object (first byte '{'): it is read as such and saved in
+--   this form at its next write.
 --
 -- Time is the server's (TIME), never a client clock. A claim never expires by itself: an
 -- expired lease makes the record `blocked` until the reconciler takes it over.
 
 local HISTORY = 16
+local DONE_HISTORY = 4
 local LATE = 8
+
+local SETTLED, LIVE = 1, 2
+local CODE = {CLAIMED = 1, DONE = 2, FAILED = 3, RECONCILING = 4, UNKNOWN = 5,
+  REVOKED = 6, SUPERSEDED = 7}
+local NAME = {'CLAIMED', 'DONE', 'FAILED', 'RECONCILING', 'UNKNOWN', 'REVOKED', 'SUPERSEDED'}
+-- layout * 16 + state code, t, g, n, c, f; LIVE: d, a, x, ra, h (0 / empty = absent); then
+-- tool, cp, q, r, raw, the number of late receipts and their bytes (reads start after the
+-- first byte, which they have looked at already)
+local SETTLED_FORMAT = '>BI6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
+local LIVE_FORMAT = '>BI6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
+local SETTLED_READ = '>I6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
+local LIVE_READ = '>I6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
+local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms
+-- state code, token - the previous step's token, ms, note: a step is the only change of a
+-- record's token, always by 0 or 1 but at a fresh record, whose first step nothing precedes;
+-- so the tokens are t and the distances back from it, and a step takes no token field
+local STEP = '>BBI6Hc0'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local op = ARGV[1]
 local key = ARGV[2]
+
+local function nonzero(v) if v ~= 0 then return v end end
+local function nonempty(v) if v ~= '' then return v end end
+
+local function hex(bytes)
+  return string.format(string.rep('%02x', #bytes), string.byte(bytes, 1, -1))
+end
+
+-- Drop the oldest entries of a packed list until `keep` are left.
+local function trim(blob, n, keep, fmt)
+  local pos = 1
+  while n > keep do
+    pos = select(-1, struct.unpack(fmt, blob, pos))
+    n = n - 1
+  end
+  return string.sub(blob, pos), n
+end
+
+-- The late receipts as [token, receipt, ms] arrays (the reads that return them).
+local function late_list(rec)
+  local list, pos = {}, 1
+  for j = 1, rec.ln do
+    local token, receipt, ms
+    token, receipt, ms, pos = struct.unpack(LATE_ENTRY, rec.lb, pos)
+    list[j] = {token, receipt, ms}
+  end
+  return list
+end
+
+-- The history as [state, token, ms, note] arrays, tokens counted back from t.
+local function history(rec)
+  local list, back, pos = {}, {}, 1
+  for j = 1, rec.yn do
+    local code, delta, ms, note
+    code, delta, ms, note, pos = struct.unpack(STEP, rec.yb, pos)
+    list[j], back[j] = {NAME[code], 0, ms, note}, delta
+  end
+  local token = rec.t
+  for j = rec.yn, 1, -1 do
+    list[j][2] = token
+    token = token - back[j]
+  end
+  return list
+end
+
+-- The late receipts (lb: packed, ln of them) and the history (yb, yn) stay packed in the
+-- record table: a transition appends to them and nothing else reads them on the hot path.
+local function decode(blob)
+  local head = string.byte(blob, 1)
+  if head == 123 then  -- '{': a record of the JSON format this one replaced
+    local rec = cjson.decode(blob)
+    rec.f = string.gsub(rec.f, '%x%x', function(h) return string.char(tonumber(h, 16)) end)
+    rec.n, rec.c = rec.n or 0, rec.c or 0
+    local lr, y = rec.lr or {}, rec.y or {}
+    local parts = {}
+    for j, e in ipairs(lr) do parts[j] = struct.pack(LATE_ENTRY, e[1], #e[2], e[2], e[3]) end
+    rec.lb, rec.ln = table.concat(parts), #lr
+    parts = {}
+    local last = y[1] and y[1][2] or 0
+    for j, e in ipairs(y) do
+      parts[j] = struct.pack(STEP, CODE[e[1]], math.min(e[2] - last, 255), e[3], #e[4], e[4])
+      last = e[2]
+    end
+    rec.yb, rec.yn = table.concat(parts), #y
+    rec.lr, rec.y = nil, nil
+    return rec
+  end
+  local rec
+  local tool, cp, q, r, raw, ln, late, pos
+  if head >= LIVE * 16 then
+    local t, g, n, c, f, d, a, x, ra, h
+    t, g, n, c, f, d, a, x, ra, h, tool, cp, q, r, raw, ln, late, pos =
+      struct.unpack(LIVE_READ, blob, 2)
+    rec = {s = NAME[head - LIVE * 16], t = t, g = g, n = n, c = c, f = f, d = d,
+      a = nonzero(a), x = nonzero(x), ra = nonzero(ra), h = nonempty(h), tool = tool,
+      cp = nonempty(cp), q = nonempty(q), r = nonempty(r), raw = nonempty(raw), ln = ln,
+      lb = string.sub(blob, pos, pos + late - 1), yn = string.byte(blob, pos + late),
+      yb = string.sub(blob, pos + late + 1)}
+  else
+    local t, g, n, c, f
+    t, g, n, c, f, tool, cp, q, r, raw, ln, late, pos = struct.unpack(SETTLED_READ, blob, 2)
+    rec = {s = NAME[head - SETTLED * 16], t = t, g = g, n = n, c = c, f = f, tool = tool,
+      cp = nonempty(cp), q = nonempty(q), r = nonempty(r), raw = nonempty(raw), ln = ln,
+      lb = string.sub(blob, pos, pos + late - 1), yn = string.byte(blob, pos + late),
+      yb = string.sub(blob, pos + late + 1)}
+  end
+  return rec
+end
+
+local function encode(rec)
+  if rec.s == 'DONE' and rec.yn > DONE_HISTORY then
+    rec.yb, rec.yn = trim(rec.yb, rec.yn, DONE_HISTORY, STEP)
+  end
+  local tool, cp, q, r, raw = rec.tool, rec.cp or '', rec.q or '', rec.r or '', rec.raw or ''
+  -- attempts saturate at 65535: a count for people, never compared
+  local n, lb = math.min(rec.n, 65535), rec.lb
+  local fixed
+  if rec.d then
+    local h = rec.h or ''
+    fixed = struct.pack(LIVE_FORMAT, LIVE * 16 + CODE[rec.s], rec.t, rec.g, n, rec.c,
+      #rec.f, rec.f, rec.d, rec.a or 0, rec.x or 0, rec.ra or 0, #h, h,
+      #tool, tool, #cp, cp, #q, q, #r, r, #raw, raw, rec.ln, #lb)
+  else
+    fixed = struct.pack(SETTLED_FORMAT, SETTLED * 16 + CODE[rec.s], rec.t, rec.g, n, rec.c,
+      #rec.f, rec.f, #tool, tool, #cp, cp, #q, q, #r, r, #raw, raw, rec.ln, #lb)
+  end
+  return fixed .. lb .. string.char(rec.yn) .. rec.yb
+end
+
 local rec = nil
 local blob = redis.call('GET', KEYS[1])
-if blob then rec = cjson.decode(blob) end
+if blob then rec = decode(blob) end
 
 local COUNTED = {CLAIMED = true, RECONCILING = true, UNKNOWN = true}
 
@@ -71,13 +211,14 @@ local function move(state, token, note, deadline)
     if rec.s then redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. rec.s, -1) end
     redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. state, 1)
   end
+  note = note or ''
+  -- The distance is 0 or 1 but at a fresh record (rec.t 0), where nothing reads it.
+  rec.yb = rec.yb .. struct.pack(STEP, CODE[state], math.min(token - rec.t, 255), now, #note, note)
   rec.s = state
   rec.t = token
   count(state, 1)
-  local y = rec.y or {}
-  y[#y + 1] = {state, token, now, note or ''}
-  while #y > HISTORY do table.remove(y, 1) end
-  rec.y = y
+  rec.yn = rec.yn + 1
+  if rec.yn > HISTORY then rec.yb, rec.yn = trim(rec.yb, rec.yn, HISTORY, STEP) end
   if state ~= 'RECONCILING' then
     rec.x, rec.ra = nil, nil
   end
@@ -99,9 +240,9 @@ local function save(retention_ms)
   if retention_ms and retention_ms > 0 then
     -- The record may expire: remember its token, so the key's next record starts above it.
     if floor() < rec.t then redis.call('SET', KEYS[7], rec.t) end
-    redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', retention_ms)
+    redis.call('SET', KEYS[1], encode(rec), 'PX', retention_ms)
   else
-    redis.call('SET', KEYS[1], cjson.encode(rec))
+    redis.call('SET', KEYS[1], encode(rec))
   end
 end
 
@@ -120,7 +261,10 @@ local function refused()
   return {'refused', 'ABSENT', 0}
 end
 
--- claim(fingerprint, tool, lease_ms, holder, request, campaign tag or '', generation)
+-- Each op's function is created in its own branch only: the top level runs on every call,
+-- and a closure per op per call cost more than the record's encoding.
+
+-- claim(fingerprint (binary), tool, lease_ms, holder, request, campaign tag or '', generation)
 -- `generation` is the one the message was submitted for (submit's answer, carried by the
 -- envelope): only a submission or replay made after a revoke may open the next generation.
 --   none                                   -> CLAIMED, token floor+1  => acquired
@@ -134,58 +278,65 @@ end
 --   CLAIMED with an expired lease, UNKNOWN                            => blocked
 -- in_flight / blocked end with the ms to the lease deadline (negative once it has passed;
 -- nil without one: UNKNOWN), so a worker backs off towards it.
-local function claim()
-  local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
-  local campaign = ARGV[8] ~= '' and ARGV[8] or nil
-  local generation = tonumber(ARGV[9]) or 0
-  local deadline = now + lease_ms
-  if not rec then
-    local token = floor() + 1
-    rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign}
-    move('CLAIMED', token, 'claim', deadline)
-    rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
-    redis.call('SET', KEYS[1], cjson.encode(rec), 'NX')
-    return {'acquired', token, 0}
+if op == 'claim' then
+  local function claim()
+    local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+    local campaign = ARGV[8] ~= '' and ARGV[8] or nil
+    local generation = tonumber(ARGV[9]) or 0
+    local deadline = now + lease_ms
+    if not rec then
+      local token = floor() + 1
+      rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign,
+      ln = 0, lb = '', yn = 0, yb = ''}
+      move('CLAIMED', token, 'claim', deadline)
+      rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
+      redis.call('SET', KEYS[1], encode(rec), 'NX')
+      return {'acquired', token, 0}
+    end
+    local s = rec.s
+    if (s == 'REVOKED' or s == 'SUPERSEDED') and generation <= rec.g then
+      bump('dup_claim', tool)
+      return {'duplicate', rec.t, rec.g, rec.r or '', s}
+    end
+    if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
+      if s ~= 'FAILED' then rec.g = rec.g + 1 end
+      rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
+      move('CLAIMED', rec.t + 1, 'claim', deadline)
+      rec.n, rec.h, rec.q, rec.a = rec.n + 1, holder, request, now
+      save(0)
+      return {'acquired', rec.t, rec.g}
+    end
+    if rec.f ~= fp then
+      bump('conflict', tool)
+      return {'conflict', s, rec.t}
+    end
+    if s == 'DONE' then
+      bump('dup_claim', tool)
+      return {'duplicate', rec.t, rec.g, rec.r, s}
+    end
+    local remaining = rec.d and rec.d - now or false
+    if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
+      return {'in_flight', s, rec.t, remaining}
+    end
+    return {'blocked', s, rec.t, remaining}
   end
-  local s = rec.s
-  if (s == 'REVOKED' or s == 'SUPERSEDED') and generation <= rec.g then
-    bump('dup_claim', tool)
-    return {'duplicate', rec.t, rec.g, rec.r or '', s}
-  end
-  if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
-    if s ~= 'FAILED' then rec.g = rec.g + 1 end
-    rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
-    move('CLAIMED', rec.t + 1, 'claim', deadline)
-    rec.n, rec.h, rec.q, rec.a = rec.n + 1, holder, request, now
-    save(0)
-    return {'acquired', rec.t, rec.g}
-  end
-  if rec.f ~= fp then
-    bump('conflict', tool)
-    return {'conflict', s, rec.t}
-  end
-  if s == 'DONE' then
-    bump('dup_claim', tool)
-    return {'duplicate', rec.t, rec.g, rec.r, s}
-  end
-  local remaining = rec.d and rec.d - now or false
-  if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
-    return {'in_flight', s, rec.t, remaining}
-  end
-  return {'blocked', s, rec.t, remaining}
+  return claim()
 end
 
 -- heartbeat(token, lease_ms): the holder of CLAIMED or RECONCILING under `token` extends
 -- its lease (the reconciler uses it to "look again later"). Stale token => fenced.
-local function heartbeat()
-  local token, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
-  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-    return fenced('heartbeat')
+if op == 'heartbeat' then
+  local function heartbeat()
+    local token, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+    if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+      return fenced('heartbeat')
+    end
+    rec.d = now + lease_ms
+    redis.call('ZADD', KEYS[2], rec.d, key)
+    save(0)
+    return {'ok', rec.s, rec.t}
   end
-  rec.d = now + lease_ms
-  redis.call('ZADD', KEYS[2], rec.d, key)
-  save(0)
-  return {'ok', rec.s, rec.t}
+  return heartbeat()
 end
 
 -- commit(token, receipt, raw, retention_ms, note): CLAIMED | RECONCILING under `token`
@@ -193,87 +344,101 @@ end
 -- in late receipts as evidence (never as authority). On FAILED that evidence contradicts
 -- the record ("known not executed"): FAILED -> UNKNOWN under token+1, which blocks every
 -- claim and replay until an operator resolves it.
-local function commit()
-  local token, receipt, raw, retention_ms = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
-  if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
-  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-    if rec then
-      local lr = rec.lr or {}
-      lr[#lr + 1] = {token, receipt, now}
-      while #lr > LATE do table.remove(lr, 1) end
-      rec.lr = lr
-      if rec.s == 'FAILED' then
-        move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
-        save(0)
-      else
-        local ttl = redis.call('PTTL', KEYS[1])
-        save(ttl > 0 and ttl or 0)
+if op == 'commit' then
+  local function commit()
+    local token, receipt, raw, retention_ms = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+    if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
+    if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+      if rec then
+        rec.lb = rec.lb .. struct.pack(LATE_ENTRY, token, #receipt, receipt, now)
+        rec.ln = rec.ln + 1
+        if rec.ln > LATE then rec.lb, rec.ln = trim(rec.lb, rec.ln, LATE, LATE_ENTRY) end
+        if rec.s == 'FAILED' then
+          move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
+          save(0)
+        else
+          local ttl = redis.call('PTTL', KEYS[1])
+          save(ttl > 0 and ttl or 0)
+        end
       end
+      return fenced('commit')
     end
-    return fenced('commit')
+    rec.r = receipt
+    if raw ~= '' then rec.raw = raw end
+    move('DONE', token, ARGV[7], nil)
+    save(retention_ms)
+    redis.call('DEL', KEYS[4])
+    return {'ok', 'DONE', token}
   end
-  rec.r = receipt
-  if raw ~= '' then rec.raw = raw end
-  move('DONE', token, ARGV[7], nil)
-  save(retention_ms)
-  redis.call('DEL', KEYS[4])
-  return {'ok', 'DONE', token}
+  return commit()
 end
 
 -- fail(token, reason, retention_ms): CLAIMED | RECONCILING under `token` -> FAILED: known
 -- not executed. The key is free again: the next claim is granted.
-local function fail()
-  local token, reason, retention_ms = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-  if rec and rec.t == token and rec.s == 'FAILED' then return {'ok', 'FAILED', token} end
-  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-    return fenced('fail')
+if op == 'fail' then
+  local function fail()
+    local token, reason, retention_ms = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+    if rec and rec.t == token and rec.s == 'FAILED' then return {'ok', 'FAILED', token} end
+    if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+      return fenced('fail')
+    end
+    move('FAILED', token, reason, nil)
+    save(retention_ms)
+    return {'ok', 'FAILED', token}
   end
-  move('FAILED', token, reason, nil)
-  save(retention_ms)
-  return {'ok', 'FAILED', token}
+  return fail()
 end
 
 -- handover(token, reason): the holder of CLAIMED does not know whether the effect happened;
 -- its lease ends now so the reconciler takes the record at its next scan.
-local function handover()
-  local token, reason = tonumber(ARGV[3]), ARGV[4]
-  if not rec or rec.t ~= token or rec.s ~= 'CLAIMED' then return fenced('handover') end
-  move('CLAIMED', token, 'handover: ' .. reason, now)
-  save(0)
-  return {'ok', 'CLAIMED', token}
+if op == 'handover' then
+  local function handover()
+    local token, reason = tonumber(ARGV[3]), ARGV[4]
+    if not rec or rec.t ~= token or rec.s ~= 'CLAIMED' then return fenced('handover') end
+    move('CLAIMED', token, 'handover: ' .. reason, now)
+    save(0)
+    return {'ok', 'CLAIMED', token}
+  end
+  return handover()
 end
 
 -- takeover(lease_ms, holder): CLAIMED or RECONCILING whose lease has expired -> RECONCILING
 -- under token+1. Returns what the reconciler needs to ask the provider and to judge the
 -- answer: when the claim was granted, when reconciliation began, how many takeovers so far.
-local function takeover()
-  local lease_ms, holder = tonumber(ARGV[3]), ARGV[4]
-  if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') or rec.d > now then
-    -- A stale index entry (record gone or settled) is dropped here, not by a scan.
-    if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-      redis.call('ZREM', KEYS[2], key)
+if op == 'takeover' then
+  local function takeover()
+    local lease_ms, holder = tonumber(ARGV[3]), ARGV[4]
+    if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') or rec.d > now then
+      -- A stale index entry (record gone or settled) is dropped here, not by a scan.
+      if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+        redis.call('ZREM', KEYS[2], key)
+      end
+      return refused()
     end
-    return refused()
+    local from = rec.s
+    local since, rounds = rec.x or now, (rec.ra or 0) + 1
+    move('RECONCILING', rec.t + 1, 'takeover from ' .. from, now + lease_ms)
+    rec.h, rec.x, rec.ra = holder, since, rounds
+    save(0)
+    return {
+      'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.a or rec.c,
+      cjson.encode(late_list(rec)), since, rounds, now,
+    }
   end
-  local from = rec.s
-  local since, rounds = rec.x or now, (rec.ra or 0) + 1
-  move('RECONCILING', rec.t + 1, 'takeover from ' .. from, now + lease_ms)
-  rec.h, rec.x, rec.ra = holder, since, rounds
-  save(0)
-  return {
-    'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.a or rec.c,
-    cjson.encode(rec.lr or {}), since, rounds, now,
-  }
+  return takeover()
 end
 
 -- unknown(token, reason): RECONCILING under `token` -> UNKNOWN: the outcome cannot be
 -- established; every claim is blocked until an operator resolves it with evidence.
-local function unknown()
-  local token, reason = tonumber(ARGV[3]), ARGV[4]
-  if not rec or rec.t ~= token or rec.s ~= 'RECONCILING' then return fenced('unknown') end
-  move('UNKNOWN', token, reason, nil)
-  save(0)
-  return {'ok', 'UNKNOWN', token}
+if op == 'unknown' then
+  local function unknown()
+    local token, reason = tonumber(ARGV[3]), ARGV[4]
+    if not rec or rec.t ~= token or rec.s ~= 'RECONCILING' then return fenced('unknown') end
+    move('UNKNOWN', token, reason, nil)
+    save(0)
+    return {'ok', 'UNKNOWN', token}
+  end
+  return unknown()
 end
 
 -- operate(action, note, retention_ms, receipt, raw, override): operator transitions,
@@ -284,27 +449,30 @@ end
 --                   same call as the write, so a receipt cannot land in between.
 --   revoke          DONE    -> REVOKED      (a submission after it opens generation n+1)
 --   supersede       DONE    -> SUPERSEDED   (a submission after it opens generation n+1)
-local OPERATOR = {
-  resolve_done = {from = 'UNKNOWN', to = 'DONE'},
-  resolve_failed = {from = 'UNKNOWN', to = 'FAILED'},
-  revoke = {from = 'DONE', to = 'REVOKED'},
-  supersede = {from = 'DONE', to = 'SUPERSEDED'},
-}
-local function operate()
-  local action, note, retention_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
-  local rule = OPERATOR[action]
-  if not rule then return redis.error_reply('unknown operator action ' .. action) end
-  if not rec or rec.s ~= rule.from then return refused() end
-  if action == 'resolve_failed' and rec.lr and #rec.lr > 0 and ARGV[8] ~= '1' then
-    return {'refused', rec.s, rec.t, #rec.lr}
+if op == 'operate' then
+  local OPERATOR = {
+    resolve_done = {from = 'UNKNOWN', to = 'DONE'},
+    resolve_failed = {from = 'UNKNOWN', to = 'FAILED'},
+    revoke = {from = 'DONE', to = 'REVOKED'},
+    supersede = {from = 'DONE', to = 'SUPERSEDED'},
+  }
+  local function operate()
+    local action, note, retention_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
+    local rule = OPERATOR[action]
+    if not rule then return redis.error_reply('unknown operator action ' .. action) end
+    if not rec or rec.s ~= rule.from then return refused() end
+    if action == 'resolve_failed' and rec.ln > 0 and ARGV[8] ~= '1' then
+      return {'refused', rec.s, rec.t, rec.ln}
+    end
+    if rule.to == 'DONE' then
+      rec.r = ARGV[6]
+      if ARGV[7] ~= '' then rec.raw = ARGV[7] end
+    end
+    move(rule.to, rec.t + 1, note, nil)
+    save(retention_ms)
+    return {'ok', rule.to, rec.t}
   end
-  if rule.to == 'DONE' then
-    rec.r = ARGV[6]
-    if ARGV[7] ~= '' then rec.raw = ARGV[7] end
-  end
-  move(rule.to, rec.t + 1, note, nil)
-  save(retention_ms)
-  return {'ok', rule.to, rec.t}
+  return operate()
 end
 
 -- recheck(tool, note, holder): an operator sends an UNKNOWN effect of `tool` back to the
@@ -313,16 +481,20 @@ end
 -- provider again. The takeover count and the reconciliation start are cleared: a fresh
 -- lookup budget, and the settle window counts from that takeover (decide() as usual).
 -- Any other state, or another tool's record => refused.
-local function recheck()
-  local tool, note, holder = ARGV[3], ARGV[4], ARGV[5]
-  if not rec or rec.s ~= 'UNKNOWN' or rec.tool ~= tool then return refused() end
-  move('RECONCILING', rec.t + 1, note, now)
-  rec.h, rec.x, rec.ra = holder, nil, nil
-  save(0)
-  return {'ok', 'RECONCILING', rec.t}
+if op == 'recheck' then
+  local function recheck()
+    local tool, note, holder = ARGV[3], ARGV[4], ARGV[5]
+    if not rec or rec.s ~= 'UNKNOWN' or rec.tool ~= tool then return refused() end
+    move('RECONCILING', rec.t + 1, note, now)
+    rec.h, rec.x, rec.ra = holder, nil, nil
+    save(0)
+    return {'ok', 'RECONCILING', rec.t}
+  end
+  return recheck()
 end
 
--- submit(fingerprint, tool, pending_ms, message_id, force): may the producer enqueue?
+-- submit(fingerprint (binary), tool, pending_ms, message_id, force, fingerprint in hex): may
+-- the producer enqueue?
 -- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
 -- may have been lost, and a second message for one effect is harmless (the claim decides).
 -- Reads the record, writes only the pending marker and counters: not a state transition.
@@ -336,49 +508,61 @@ end
 --   none | FAILED | REVOKED | SUPERSEDED: a live pending marker with another fingerprint
 --                                   => conflict, with this one => pending (enqueue when
 --                                   it is this message id's own), none => enqueue
-local function submit()
-  local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
-  local force = ARGV[7] == '1'
-  local s = rec and rec.s
-  local generation = 0
-  if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
-  local function answer(status, receipt)
-    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation}
-  end
-  local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
-  if not free then
-    if rec.f ~= fp then
+if op == 'submit' then
+  local function submit()
+    local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+    local force = ARGV[7] == '1'
+    local s = rec and rec.s
+    local generation = 0
+    if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
+    local function answer(status, receipt)
+      return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation}
+    end
+    local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
+    if not free then
+      if rec.f ~= fp then
+        bump('conflict', tool)
+        return answer('conflict')
+      end
+      bump('dup_submit', tool)
+      if s == 'DONE' then return answer('done', rec.r) end
+      if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
+        return answer('pending')
+      end
+      return answer('blocked')
+    end
+    local marker = redis.call('GET', KEYS[4])
+    -- The marker names the fingerprint in hex (ARGV[8]), as markers written before the
+    -- binary record format did: a marker outlives an upgrade.
+    local fph = ARGV[8]
+    -- A repeat of this very submission (a retried call whose reply was lost) answers as the
+    -- first did: submit is safe to repeat per message id.
+    if not marker or marker == fph .. '|' .. message_id
+        or (force and string.sub(marker, 1, #fph) == fph) then
+      redis.call('SET', KEYS[4], fph .. '|' .. message_id, 'PX', pending_ms)
+      return answer('enqueue')
+    end
+    if string.sub(marker, 1, #fph) ~= fph then
       bump('conflict', tool)
       return answer('conflict')
     end
     bump('dup_submit', tool)
-    if s == 'DONE' then return answer('done', rec.r) end
-    if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
-      return answer('pending')
-    end
-    return answer('blocked')
+    return answer('pending')
   end
-  local marker = redis.call('GET', KEYS[4])
-  -- A repeat of this very submission (a retried call whose reply was lost) answers as the
-  -- first did: submit is safe to repeat per message id.
-  if not marker or marker == fp .. '|' .. message_id
-      or (force and string.sub(marker, 1, #fp) == fp) then
-    redis.call('SET', KEYS[4], fp .. '|' .. message_id, 'PX', pending_ms)
-    return answer('enqueue')
-  end
-  if string.sub(marker, 1, #fp) ~= fp then
-    bump('conflict', tool)
-    return answer('conflict')
-  end
-  bump('dup_submit', tool)
-  return answer('pending')
+  return submit()
 end
 
-local OPS = {
-  submit = submit, claim = claim, heartbeat = heartbeat, commit = commit, fail = fail,
-  handover = handover, takeover = takeover, unknown = unknown, operate = operate,
-  recheck = recheck,
-}
-local fn = OPS[op]
-if not fn then return redis.error_reply('unknown ledger op ' .. tostring(op)) end
-return fn()
+-- get(): the record as the JSON object of the format before this one (fingerprint in hex)
+-- and its PTTL, or nil: the one reader of the stored form is this script.
+if op == 'get' then
+  local function get()
+    if not rec then return false end
+    rec.f, rec.y = hex(rec.f), history(rec)
+    if rec.ln > 0 then rec.lr = late_list(rec) end
+    rec.lb, rec.ln, rec.yb, rec.yn = nil, nil, nil, nil
+    return {cjson.encode(rec), redis.call('PTTL', KEYS[1])}
+  end
+  return get()
+end
+
+return redis.error_reply('unknown ledger op ' .. tostring(op))

@@ -72,6 +72,9 @@ _CODE_OF: dict[type[Exception], str] = {
     redis.exceptions.NoScriptError: "NOSCRIPT",
 }
 _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
+# ledger.lua stores the request, receipt and raw response lengths in 3 bytes, notes in 2.
+_MAX_TEXT_BYTES = 2**24 - 1
+_NOTE_CHARS = 500  # 500 characters are at most 2,000 bytes
 # Ops sent once more after a failover error re-read the slot map: their repeat is harmless
 # even if the first try ran and only its reply was lost (heartbeat extends the lease again;
 # commit, fail and handover under the same token answer ok again; submit finds its own
@@ -246,6 +249,8 @@ class Ledger:
     ) -> None:
         if not 1 <= buckets <= 16384:
             raise ValueError("buckets must be between 1 and 16384")
+        if max(max_request_bytes, max_receipt_bytes, max_raw_bytes) > _MAX_TEXT_BYTES:
+            raise ValueError("the request, receipt and raw response bounds are at most 16 MiB")
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
         self.client = client
@@ -552,8 +557,8 @@ class Ledger:
         for effect, _ in calls:
             self.request_text(effect)
         batch = [
-            (effect.key, ["submit", effect.key, effect.fingerprint, effect.tool, _ms(pending_s),
-                          message_id, "1" if force else "0"])
+            (effect.key, ["submit", effect.key, bytes.fromhex(effect.fingerprint), effect.tool,
+                          _ms(pending_s), message_id, "1" if force else "0", effect.fingerprint])
             for effect, message_id in calls
         ]  # fmt: skip
         with self.guard(reread=True):
@@ -629,8 +634,8 @@ class Ledger:
         carried by the envelope). On a REVOKED / SUPERSEDED record only a later generation
         opens the next one; an older message is a duplicate of the voided generation."""
         request = self.request_text(effect)
-        argv = [effect.fingerprint, effect.tool, _ms(lease_s), holder, request, campaign or "",
-                generation]  # fmt: skip
+        argv = [bytes.fromhex(effect.fingerprint), effect.tool, _ms(lease_s), holder, request,
+                campaign or "", generation]  # fmt: skip
         return Claim.from_reply(effect.key, self._call("claim", effect.key, *argv))
 
     def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
@@ -652,16 +657,17 @@ class Ledger:
         record becomes UNKNOWN (evidence of execution blocks the key for an operator)."""
         text, raw_text = self._receipt_texts(receipt, raw, key)
         return Write.from_reply(
-            self._call("commit", key, token, text, raw_text, _ms(retention_s), note)
+            self._call("commit", key, token, text, raw_text, _ms(retention_s), note[:_NOTE_CHARS])
         )
 
     def fail(self, key: str, token: int, *, reason: str, retention_s: float) -> Write:
         """CLAIMED / RECONCILING under ``token`` → FAILED: known not executed."""
-        return Write.from_reply(self._call("fail", key, token, reason[:500], _ms(retention_s)))
+        reply = self._call("fail", key, token, reason[:_NOTE_CHARS], _ms(retention_s))
+        return Write.from_reply(reply)
 
     def handover(self, key: str, token: int, *, reason: str) -> Write:
         """The holder cannot tell whether the effect happened: hand it to the reconciler now."""
-        return Write.from_reply(self._call("handover", key, token, reason[:500]))
+        return Write.from_reply(self._call("handover", key, token, reason[:_NOTE_CHARS]))
 
     # -- reconciler transitions -------------------------------------------------------
 
@@ -687,7 +693,7 @@ class Ledger:
 
     def mark_unknown(self, key: str, token: int, *, reason: str) -> Write:
         """RECONCILING under ``token`` → UNKNOWN: blocks every claim until an operator acts."""
-        return Write.from_reply(self._call("unknown", key, token, reason[:500]))
+        return Write.from_reply(self._call("unknown", key, token, reason[:_NOTE_CHARS]))
 
     # -- operator transitions ---------------------------------------------------------
 
@@ -711,7 +717,7 @@ class Ledger:
         text, raw_text = self._receipt_texts(receipt, raw, key) if receipt is not None else ("", "")
         override = "1" if override_evidence else "0"
         reply = self._call(
-            "operate", key, action, note[:500], _ms(retention_s), text, raw_text, override
+            "operate", key, action, note[:_NOTE_CHARS], _ms(retention_s), text, raw_text, override
         )
         if reply[0] == "refused" and len(reply) > 3:
             late = int(reply[3])
@@ -746,17 +752,22 @@ class Ledger:
     def get_many(self, keys: Iterable[str]) -> dict[str, EffectRecord | None]:
         """Records of ``keys`` in one pipelined round trip (None where there is none)."""
         keys = list(keys)
-        with self.guard():
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                record_key = self._keys(key)[0]
-                pipe.get(record_key)
-                pipe.pttl(record_key)
-            replies = pipe.execute()
+        if not keys:
+            return {}
+        # The script is the one reader of the stored form: it answers the record as JSON.
+        with self.guard(reread=True):
+            replies = self._script_batch([(key, ["get", key]) for key in keys])
         return {
-            key: None if blob is None else EffectRecord.from_blob(key, blob, int(ttl))
-            for key, blob, ttl in zip(keys, replies[::2], replies[1::2], strict=True)
+            key: None if reply is None else EffectRecord.from_blob(key, reply[0], int(reply[1]))
+            for key, reply in zip(keys, replies, strict=True)
         }
+
+    def _stored(self, key: str) -> dict[str, Any] | None:
+        """The record's fields as the script reads them (the JSON object of the format before
+        the binary one), for tests and benchmarks that compare whole records."""
+        with self.guard(key):
+            reply = self._script(keys=self._keys(key), args=["get", key])
+        return None if reply is None else dict(json.loads(reply[0]))
 
     def keys_in(self, state: State, *, limit: int = 1000) -> list[str]:
         """Keys of records in ``state``. UNKNOWN, CLAIMED and RECONCILING come from the

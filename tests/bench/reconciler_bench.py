@@ -334,10 +334,10 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
                 {"scope": effect.scope, "action": effect.action, "args": dict(effect.args)}
             )
             # The arguments Ledger.claim / Ledger.commit send, in the same order.
-            claim: list[str | int] = [
+            claim: list[str | int | bytes] = [
                 "claim",
                 effect.key,
-                effect.fingerprint,
+                bytes.fromhex(effect.fingerprint),
                 effect.tool,
                 lease_ms,
                 "loader/1",

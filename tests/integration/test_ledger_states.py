@@ -134,8 +134,12 @@ def test_a_raw_response_that_is_the_receipt_is_stored_once(ledger: Ledger) -> No
     assert ledger.commit(effect.key, token, RECEIPT, raw=raw, retention_s=60).ok
     record = ledger.get(effect.key)
     assert record is not None and record.receipt == RECEIPT and record.raw_response == raw
-    blob = ledger.client.get(ledger._keys(effect.key)[0])
-    assert blob.count("eff_1") == 1  # one copy, not receipt + raw
+    copies = ledger.client.eval(
+        "return select(2, string.gsub(redis.call('GET', KEYS[1]), 'eff_1', ''))",
+        1,
+        ledger._keys(effect.key)[0],
+    )
+    assert copies == 1  # one copy, not receipt + raw
 
 
 def test_claimed_fail_makes_failed_and_frees_the_key(ledger: Ledger) -> None:
@@ -337,8 +341,9 @@ def test_token_sequence_strictly_increases_across_generations(ledger: Ledger) ->
     token = claim.token
     record = ledger.get(effect.key)
     assert record is not None and record.generation == 1
-    tokens = [h.token for h in record.history]
-    assert tokens == sorted(tokens) and set(tokens) == set(range(1, token + 1))
+    tokens = [h.token for h in record.history]  # a DONE record keeps its last 4 steps
+    assert tokens == sorted(tokens) and set(tokens) == set(range(tokens[0], token + 1))
+    assert len(record.history) == 4 and record.attempts == 5
     assert all(b - a in (0, 1) for a, b in itertools.pairwise(tokens))
 
 
@@ -597,3 +602,17 @@ def test_submit_refuses_an_oversized_request_before_writing_anything(ledger: Led
     for effect in (small, big):
         assert ledger.client.exists(ledger._keys(effect.key)[3]) == 0  # no pending marker
     assert ledger.submit(small, message_id="m-small", pending_s=60).status == "enqueue"
+
+
+def test_a_long_note_is_cut_so_the_packed_record_stays_readable(ledger: Ledger) -> None:
+    effect = charge()
+    token = claimed(ledger, effect)
+    note = "reconciled: " + "é" * 70_000  # over the 2-byte length a history step carries
+    assert ledger.commit(effect.key, token, RECEIPT, retention_s=60, note=note).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.reason == note[:500]
+
+
+def test_text_bounds_over_the_records_3_byte_lengths_are_refused(ledger: Ledger) -> None:
+    with pytest.raises(ValueError, match="16 MiB"):
+        Ledger(ledger.client, namespace=ledger.namespace, max_receipt_bytes=2**24)

@@ -28,7 +28,6 @@ a failure prints its steps and a ``@reproduce_failure`` blob, and hypothesis kee
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -143,8 +142,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return self.ledger._keys(self.keys[k])[0]
 
     def _raw(self, k: int) -> dict[str, Any] | None:
-        blob = self.ledger.client.get(self._record_key(k))
-        return None if blob is None else dict(json.loads(str(blob)))
+        return self.ledger._stored(self.keys[k])
 
     def _unchanged(self, k: int, before: dict[str, Any] | None, what: str, *skip: str) -> None:
         after = self._raw(k)
