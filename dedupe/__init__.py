@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .errors import EffectqError as EffectqError
     from .errors import IdentityError as IdentityError
     from .errors import KeyFormatError as KeyFormatError
+    from .errors import LayoutChangedError as LayoutChangedError
     from .errors import LedgerAuthError as LedgerAuthError
     from .errors import LedgerError as LedgerError
     from .errors import LedgerUnavailableError as LedgerUnavailableError
@@ -70,6 +71,7 @@ _WHERE = {
     "IdentityError": "errors",
     "KeyFormatError": "errors",
     "Ledger": "ledger",
+    "LayoutChangedError": "errors",
     "LedgerAuthError": "errors",
     "LedgerError": "errors",
     "LedgerUnavailableError": "errors",

@@ -13,6 +13,7 @@
     │   ├── LedgerUnavailableError    Redis did not answer: fail closed, execute nothing
     │   ├── LedgerAuthError           Redis refused the credentials (a configuration error)
     │   ├── VolatileLedgerError       Redis has no AOF and volatility was not allowed
+    │   ├── LayoutChangedError        the namespace or bucket count differs from the ledger's
     │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
     │   └── TransitionRefusedError    the state table forbids this transition (carries state)
     │   └── LedgerRefused*            a worker process refuses to consume (also Dramatiq's
@@ -52,6 +53,7 @@ __all__ = [
     "EffectqError",
     "IdentityError",
     "KeyFormatError",
+    "LayoutChangedError",
     "LedgerAuthError",
     "LedgerError",
     "LedgerUnavailableError",
@@ -123,6 +125,10 @@ class LedgerAuthError(LedgerError):
 
 class VolatileLedgerError(LedgerError):
     pass
+
+
+class LayoutChangedError(LedgerError):
+    """The ledger holds records of another namespace or bucket count: refused at start."""
 
 
 class RecordTooLargeError(LedgerError):

@@ -30,6 +30,7 @@ from redis.connection import parse_url
 from redis.retry import Retry
 
 from .errors import (
+    LayoutChangedError,
     LedgerAuthError,
     LedgerError,
     LedgerUnavailableError,
@@ -332,6 +333,38 @@ class Ledger:
         ]
 
     # -- plumbing ---------------------------------------------------------------------
+
+    def check_layout(self, *, allow_new_namespace: bool = False) -> None:
+        """Refuse to work on a ledger laid out otherwise (UPGRADING, "settings that must never
+        change"): every key is derived from the namespace and the bucket count, so a change
+        of either on a ledger that holds records makes every recorded effect invisible and
+        lets it run again. The namespace keeps its bucket count in ``<namespace>:layout``;
+        a namespace with no such key is new, and is refused on a ledger database that
+        already holds keys — another namespace's, or a namespace renamed — unless
+        ``allow_new_namespace`` (a second deployment on one ledger, on purpose). Records of
+        this namespace written before the layout key existed are adopted."""
+        layout = f"{self.namespace}:layout"
+        with self.guard():
+            stored = self.client.get(layout)
+            if stored is None:
+                pipe = self.client.pipeline(transaction=False)
+                for bucket in range(self.buckets):
+                    pipe.exists(f"{self._tag(bucket)}:stats", f"{self._tag(bucket)}:floor")
+                ours = any(int(n) for n in pipe.execute())
+                if not ours and not allow_new_namespace and int(self.client.dbsize()) > 0:
+                    raise LayoutChangedError(
+                        f"namespace {self.namespace!r} is new on a ledger that already holds "
+                        "keys: a changed EFFECTQ_NAMESPACE would let every recorded effect run "
+                        "again. Restore the namespace, or set EFFECTQ_ALLOW_NEW_NAMESPACE=true "
+                        "for a second deployment on this ledger."
+                    )
+                self.client.set(layout, str(self.buckets), nx=True)
+                stored = self.client.get(layout)
+        if stored is not None and int(stored) != self.buckets:
+            raise LayoutChangedError(
+                f"namespace {self.namespace!r} was laid out in {int(stored)} buckets, not "
+                f"{self.buckets}: a changed bucket count moves every key. Restore it."
+            )
 
     def check_durability(self) -> None:
         """Refuse a Redis that can forget a record: without AOF, or evicting keys under

@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     namespace: str = "effectq"
     tools: str = Field(default="workers.examples", description="module declaring the tools")
     allow_volatile_ledger: bool = False
+    # A namespace the ledger database does not know yet is refused where the database
+    # already holds keys (a changed namespace would let every recorded effect run again):
+    # true for a second deployment on one ledger, on purpose.
+    allow_new_namespace: bool = False
     failpoints: str = ""
     # Metrics (docs/metrics.md): the exposition port of a worker pool's supervisor or of a
     # reconciler (0: none), its address, the pool's prometheus-client multiprocess directory
@@ -72,9 +76,12 @@ class Settings(BaseSettings):
 
 
 def ledger_from_settings(cfg: Settings) -> Ledger:
-    """A new ledger on ``cfg.redis_url`` (refused without AOF unless allowed)."""
+    """A new ledger on ``cfg.redis_url``, refused without AOF unless allowed, and refused
+    when the ledger is laid out under another namespace or bucket count."""
     from dedupe import Ledger
 
-    return Ledger.from_url(
+    ledger = Ledger.from_url(
         cfg.redis_url, namespace=cfg.namespace, allow_volatile=cfg.allow_volatile_ledger
     )
+    ledger.check_layout(allow_new_namespace=cfg.allow_new_namespace)
+    return ledger

@@ -65,6 +65,8 @@ class _Pool:
             EFFECTQ_REDIS_URL=f"{LOCAL}/{LEDGER_DB}",
             EFFECTQ_BROKER_URL=f"{LOCAL}/{BROKER_DB}",
             EFFECTQ_NAMESPACE=self.namespace,
+            # The machine's Redis holds every earlier run's namespaces: a new one on purpose.
+            EFFECTQ_ALLOW_NEW_NAMESPACE="true",
             EFFECTQ_QUEUE=self.queue,
             EFFECTQ_METRICS_PORT="0",
             EFFECTQ_PROVIDER_URL="http://127.0.0.1:9",  # never reached: nothing valid is sent

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.redis_server import RedisServer
 
 from dedupe import ClaimOutcome, Effect, Ledger, State, TransitionRefusedError
 from reconciler.operator import Operator
 from tests.support.cluster import LocalCluster
 from tests.support.ledgers import RETENTION_S, charge, fresh_ledger, poll
+from workers.dev.redis_server import RedisServer
 
 OLD_SCRIPT = (Path(__file__).parent / "ledger_json_format.lua").read_text(encoding="utf-8")
 RECEIPT = {"id": "eff_old", "status": "charged"}

@@ -1,0 +1,74 @@
+"""A worker, reconciler or API refuses a ledger laid out otherwise: a changed namespace or
+bucket count on a ledger that holds records would make every recorded effect invisible,
+and let it run again (UPGRADING, "the settings that must never change")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dedupe import LayoutChangedError, Ledger
+from tests.support.ledgers import charge
+from workers.dev.redis_server import RedisServer
+from workers.settings import Settings, ledger_from_settings
+
+
+def _settings(server: RedisServer, **values: object) -> Settings:
+    return Settings(redis_url=server.url, **values)  # type: ignore[arg-type]
+
+
+def test_a_changed_namespace_on_a_ledger_with_records_is_refused(
+    redis_server: RedisServer,
+) -> None:
+    ledger = ledger_from_settings(_settings(redis_server, namespace="shop"))
+    ledger.claim(charge(), lease_s=30, holder="w/1")
+    with pytest.raises(LayoutChangedError, match="namespace 'shop2' is new"):
+        ledger_from_settings(_settings(redis_server, namespace="shop2"))
+    # A second deployment on one ledger, on purpose; then it is known.
+    ledger_from_settings(_settings(redis_server, namespace="shop2", allow_new_namespace=True))
+    ledger_from_settings(_settings(redis_server, namespace="shop2"))
+    ledger_from_settings(_settings(redis_server, namespace="shop"))
+
+
+def test_a_changed_bucket_count_is_refused(redis_server: RedisServer) -> None:
+    Ledger.from_url(redis_server.url, namespace="shop").check_layout()
+    with pytest.raises(LayoutChangedError, match="laid out in 256 buckets, not 64"):
+        Ledger.from_url(redis_server.url, namespace="shop", buckets=64).check_layout()
+
+
+def test_records_written_before_the_layout_key_existed_are_adopted(
+    redis_server: RedisServer,
+) -> None:
+    # A ledger of 0.1.0: records, no layout key. Another namespace's keys are there too.
+    old = Ledger.from_url(redis_server.url, namespace="shop")
+    old.claim(charge(), lease_s=30, holder="w/1")
+    Ledger.from_url(redis_server.url, namespace="other").claim(charge(), lease_s=30, holder="x")
+    old.check_layout()  # its own records: adopted, not refused
+    assert redis_server.client().get("shop:layout") == b"256"
+
+
+def test_an_empty_ledger_takes_any_namespace(redis_server: RedisServer) -> None:
+    ledger_from_settings(_settings(redis_server, namespace="fresh"))
+
+
+def test_effectq_worker_refuses_to_start_on_a_renamed_namespace(
+    redis_server: RedisServer,
+) -> None:
+    ledger_from_settings(_settings(redis_server)).claim(charge(), lease_s=30, holder="w/1")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("EFFECTQ_")},
+        "EFFECTQ_REDIS_URL": redis_server.url,
+        "EFFECTQ_BROKER_URL": redis_server.url.rpartition("/")[0] + "/1",
+        "EFFECTQ_NAMESPACE": "renamed",
+        "EFFECTQ_METRICS_PORT": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", "worker", "-p", "1", "-t", "1"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "namespace 'renamed' is new" in line and "Traceback" not in done.stderr
