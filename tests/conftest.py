@@ -118,6 +118,22 @@ def local_redis() -> Iterator[redis.Redis]:
 # -- the whole pipeline as real processes -----------------------------------------------------
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    """A failed pipeline test's report carries its processes' logs (with timestamps): the
+    supervisor's restarts, the workers' claims, the reconciler's decisions."""
+    report: pytest.TestReport = yield
+    stack = getattr(item, "funcargs", {}).get("live")
+    if report.failed and isinstance(stack, LocalStack):
+        for name in ("workers.log", "reconciler.log"):
+            text = stack.log(name)
+            if text:
+                report.sections.append((f"{name} (last 8000 characters)", text[-8000:]))
+    return report
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """One durable Redis (ledger db 0, broker db 1) and one sandbox for the session; this
