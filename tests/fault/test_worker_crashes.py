@@ -47,7 +47,7 @@ def test_a_worker_process_dying_during_its_boot_is_restarted_at_once(live: Local
     # worker process to report its boot, deaf to that process's death meanwhile.
     started = time.monotonic()
     live.start_workers(1, 1, EFFECTQ_TOOLS="tests.support.boot_crash")
-    wait_for(lambda: _killed(live), what="the dead worker process seen", timeout=15)
+    wait_for(lambda: _killed(live), what="the dead worker process seen", timeout=20)
     print(f"restart logged {time.monotonic() - started:.1f}s after the pool started")
 
 
