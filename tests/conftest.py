@@ -44,6 +44,35 @@ from workers.dev.redis_server import (  # noqa: E402
     find_redis_binaries,
 )
 
+# Handed to the xdist processes first, longest first (seconds per file, summed from
+# `--durations=0` of a 3-process run): a long file started last would be what the whole run
+# waits for. Only the order of files changes; a file's own tests keep theirs.
+_LONG_FIRST = (
+    "tests/image/",  # mmdebstrap base + image build: 80 s warm, ~200 s fresh (CI)
+    "tests/fault/test_crash_matrix.py",  # 171
+    "tests/fault/test_worker_crashes.py",  # 159
+    "tests/fault/test_reconciliation.py",  # 121
+    "tests/rabbitmq/test_rabbitmq_crashes.py",  # 118
+    "tests/integration/test_campaigns.py",  # 96
+    "tests/rabbitmq/test_rabbitmq_workers.py",  # 92
+    "tests/cluster/test_cluster_seeds.py",  # 90
+    "tests/integration/test_workers.py",  # 89
+    "tests/agents/test_crewai.py",  # 64
+    "tests/integration/test_durability.py",  # 60
+    "tests/chaos/",  # 50 in one test
+)
+
+
+def _long_first_rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return next((i for i, p in enumerate(_LONG_FIRST) if path.startswith(p)), len(_LONG_FIRST))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist process; a serial run keeps its order
+        items.sort(key=_long_first_rank)  # stable
+
+
 _BINARIES = find_redis_binaries()
 _BINARY_PARAMS = [pytest.param(path, id=kind) for kind, path in _BINARIES.items()] or [
     pytest.param(
@@ -116,6 +145,22 @@ def local_redis() -> Iterator[redis.Redis]:
 
 
 # -- the whole pipeline as real processes -----------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    """A failed pipeline test's report carries its processes' logs (with timestamps): the
+    supervisor's restarts, the workers' claims, the reconciler's decisions."""
+    report: pytest.TestReport = yield
+    stack = getattr(item, "funcargs", {}).get("live")
+    if report.failed and isinstance(stack, LocalStack):
+        for name in ("workers.log", "reconciler.log"):
+            text = stack.log(name)
+            if text:
+                report.sections.append((f"{name} (last 8000 characters)", text[-8000:]))
+    return report
 
 
 @pytest.fixture(scope="session")

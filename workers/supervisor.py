@@ -89,6 +89,9 @@ class Supervisor:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "dramatiq", ENTRY, "-p", "1", "-t", str(self.threads)]
         cmd += ["--worker-shutdown-timeout", str(self.shutdown_timeout_ms)]
+        # No fork processes to hold back: Dramatiq's wait for the boot (30 s by default) would
+        # leave a worker process that died while booting unseen, and its restart late.
+        cmd += ["--worker-fork-timeout", "10"]
         if self.queues:
             cmd += ["-Q", *self.queues]
         return cmd + self.extra_args

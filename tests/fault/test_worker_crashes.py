@@ -43,6 +43,15 @@ def test_after_commit_kill_redelivery_is_a_duplicate(fenceless: LocalStack) -> N
     assert ledger.counts()[("dup_claim", "charge")] == 1
 
 
+def test_a_worker_process_dying_during_its_boot_is_restarted_at_once(live: LocalStack) -> None:
+    # Dramatiq's main process waits up to --worker-fork-timeout (30 s by default) for a
+    # worker process to report its boot, deaf to that process's death meanwhile.
+    started = time.monotonic()
+    live.start_workers(1, 1, EFFECTQ_TOOLS="tests.support.boot_crash")
+    wait_for(lambda: _killed(live), what="the dead worker process seen", timeout=20)
+    print(f"restart logged {time.monotonic() - started:.1f}s after the pool started")
+
+
 @pytest.mark.parametrize(("point", "executed"), [("after_claim", 0), ("after_effect", 1)])
 def test_killed_holder_is_never_re_executed_blind(
     fenceless: LocalStack, point: str, executed: int
