@@ -342,22 +342,23 @@ class Ledger:
         a namespace with no such key is new, and is refused on a ledger database that
         already holds keys — another namespace's, or a namespace renamed — unless
         ``allow_new_namespace`` (a second deployment on one ledger, on purpose). Records of
-        this namespace written before the layout key existed are adopted."""
+        this namespace written before the layout key existed (or by a producer before the
+        first worker started) are adopted."""
         layout = f"{self.namespace}:layout"
         with self.guard():
             stored = self.client.get(layout)
-            if stored is None:
-                pipe = self.client.pipeline(transaction=False)
-                for bucket in range(self.buckets):
-                    pipe.exists(f"{self._tag(bucket)}:stats", f"{self._tag(bucket)}:floor")
-                ours = any(int(n) for n in pipe.execute())
-                if not ours and not allow_new_namespace and int(self.client.dbsize()) > 0:
+            if stored is None and not allow_new_namespace and int(self.client.dbsize()) > 0:
+                # Any key of this namespace (a record, a pending marker, a counter): the
+                # scan stops at the first, and runs to the end only where it refuses.
+                ours = next(self.client.scan_iter(match=f"{{{self.namespace}:*", count=1000), None)
+                if ours is None:
                     raise LayoutChangedError(
                         f"namespace {self.namespace!r} is new on a ledger that already holds "
                         "keys: a changed EFFECTQ_NAMESPACE would let every recorded effect run "
                         "again. Restore the namespace, or set EFFECTQ_ALLOW_NEW_NAMESPACE=true "
                         "for a second deployment on this ledger."
                     )
+            if stored is None:
                 self.client.set(layout, str(self.buckets), nx=True)
                 stored = self.client.get(layout)
         if stored is not None and int(stored) != self.buckets:
