@@ -11,13 +11,15 @@ ones are listed, never "un-sent".
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
 import secrets
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
@@ -43,6 +45,9 @@ from .registry import get_tool
 from .runtime import current
 from .tool import EffectTool, Envelope
 
+if TYPE_CHECKING:
+    from dramatiq import Message
+
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
 BATCH = 1000
@@ -58,8 +63,11 @@ RECIPIENT_STATE = {
 }  # fmt: skip
 
 
-class CampaignFile(BaseModel):
-    """``effectq campaign submit FILE``: the file's strict shape."""
+MAX_RECIPIENTS = 1_000_000
+
+
+class CampaignHeader(BaseModel):
+    """A campaign file without its recipients."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -67,8 +75,94 @@ class CampaignFile(BaseModel):
     tool: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     action: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     args: dict[str, JsonValue] = {}
-    recipients: Annotated[list[JsonValue], Field(min_length=1, max_length=1_000_000)]
     plan_version: Annotated[int, Field(ge=1)] | None = None
+
+
+class CampaignFile(CampaignHeader):
+    """``effectq campaign submit FILE`` and ``POST /v1/campaigns``: the strict shape."""
+
+    recipients: Annotated[list[JsonValue], Field(min_length=1, max_length=MAX_RECIPIENTS)]
+
+
+class _RecipientCount(BaseModel):
+    recipients: Annotated[int, Field(ge=1, le=MAX_RECIPIENTS)]
+
+
+class CampaignSource:
+    """A campaign file read without loading it whole: ``open`` parses it once with ijson
+    (the whole file checked as JSON, the header validated, the recipients counted, never
+    held), ``recipients()`` streams them from a second read. Numbers parse as ``json``
+    parses them (an int, or a float)."""
+
+    def __init__(self, path: str, header: CampaignHeader, count: int) -> None:
+        self.path, self.header, self.count = path, header, count
+
+    @classmethod
+    def open(cls, path: str) -> CampaignSource:
+        """Raises OSError; ijson's JSONError (not JSON, or not UTF-8); pydantic's
+        ValidationError (the header, or ``recipients`` not a list of 1 to
+        ``MAX_RECIPIENTS``); MessageError (a field given twice)."""
+        import ijson  # type: ignore[import-untyped]
+
+        fields: dict[str, Any] = {}
+        count: int | None = None
+        with open(path, "rb") as f:
+            events = ijson.parse(f, use_float=True)
+            first = next(events, None)
+            if first is None or first[1] != "start_map":
+                CampaignHeader.model_validate(None)  # raises: not an object
+            for prefix, event, name in events:
+                if prefix == "" and event == "end_map":
+                    break
+                if name in fields or (name == "recipients" and count is not None):
+                    raise MessageError("campaign file: a field is given twice")
+                if name != "recipients":
+                    fields[name] = _value(events)
+                    continue
+                head = next(events)
+                if head[1] != "start_array":  # the model's error for what it is instead
+                    value = _value(itertools.chain([head], events))
+                    CampaignFile.model_validate({**fields, "recipients": value})
+                count = _items(events)
+        if count is None:
+            CampaignFile.model_validate(fields)  # raises: recipients missing
+        header = CampaignHeader.model_validate(fields)
+        _RecipientCount.model_validate({"recipients": count})
+        return cls(path, header, count or 0)
+
+    def recipients(self) -> Iterator[Any]:
+        import ijson
+
+        with open(self.path, "rb") as f:
+            yield from ijson.items(f, "recipients.item", use_float=True)
+
+
+def _value(events: Iterator[tuple[str, str, Any]]) -> Any:
+    """The next JSON value of ``events``, built."""
+    import ijson
+
+    builder = ijson.ObjectBuilder()
+    depth = 0
+    for _, event, value in events:
+        builder.event(event, value)
+        depth += event in ("start_map", "start_array")
+        depth -= event in ("end_map", "end_array")
+        if depth == 0:
+            return builder.value
+    raise MessageError("campaign file: truncated")
+
+
+def _items(events: Iterator[tuple[str, str, Any]]) -> int:
+    """Count the items of the list whose start ``events`` just gave, skipping to its end."""
+    count = depth = 0
+    for _, event, _ in events:
+        if depth == 0:
+            if event == "end_array":
+                return count
+            count += 1
+        depth += event in ("start_map", "start_array")
+        depth -= event in ("end_map", "end_array")
+    raise MessageError("campaign file: truncated")
 
 
 @dataclass
@@ -383,39 +477,52 @@ def _fan_out(
     progress: Callable[[int], None] | None,
     ttl_s: float,
 ) -> None:
+    """Pass 2, a batch at a time in two stages that overlap: the ledger marks batch i+1
+    while the broker takes batch i (two servers; at most one batch waits)."""
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
-    for batch in batches:
-        messages = {
-            e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
-        }
-        # force: a pending marker may stand for a message a crash lost; a second message
-        # for one effect is harmless, the claim decides. The markers are reservations until
-        # the broker holds the batch.
-        answers = ledger.submit_many(
-            [(e, messages[e.key].message_id) for e in batch],
-            pending_s=cfg.pending_reservation_s,
-            force=True,
-        )
-        send = [a.key for a in answers if a.status is SubmitStatus.ENQUEUE]
-        for effect, answer in zip(batch, answers, strict=True):
-            if answer.status is not SubmitStatus.ENQUEUE:
-                skipped[answer.status.value] += 1
-            elif answer.generation:  # same message id, carrying the generation it is for
-                envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
-                messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
-        failpoint("after_submit_mark")
-        enqueue_many(tool.actor.broker, [messages[key] for key in send])
-        confirm_pending(ledger, send, cfg.pending_ttl_s)
+
+    def send(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
+        enqueue_many(tool.actor.broker, messages)
+        keys = [m.args[0]["key"] for m in messages]
+        confirm_pending(ledger, keys, cfg.pending_ttl_s)
         # Sent: a message exists for it, now or from an earlier submission (done, held by a
         # worker, awaiting reconciliation). A conflict was never sent under this plan.
-        had = [a.key for a in answers if a.status in _HAD_A_MESSAGE]
-        store.mark_sent(plan.campaign_id, plan.version, [*send, *had], ttl_s=ttl_s)
-        report.sent += len(send)
+        store.mark_sent(plan.campaign_id, plan.version, [*keys, *had], ttl_s=ttl_s)
+        report.sent += len(messages)
         if progress is not None:
             progress(len(batch))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="effectq-fan-out") as broker_side:
+        sending: Future[None] | None = None
+        for batch in batches:
+            messages = {
+                e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
+            }
+            # force: a pending marker may stand for a message a crash lost; a second message
+            # for one effect is harmless, the claim decides. The markers are reservations
+            # until the broker holds the batch.
+            answers = ledger.submit_many(
+                [(e, messages[e.key].message_id) for e in batch],
+                pending_s=cfg.pending_reservation_s,
+                force=True,
+            )
+            for effect, answer in zip(batch, answers, strict=True):
+                if answer.status is not SubmitStatus.ENQUEUE:
+                    skipped[answer.status.value] += 1
+                elif answer.generation:  # same message id, carrying the generation it is for
+                    envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
+                    messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
+            failpoint("after_submit_mark")
+            out = [messages[a.key] for a in answers if a.status is SubmitStatus.ENQUEUE]
+            had = [a.key for a in answers if a.status in _HAD_A_MESSAGE]
+            if sending is not None:
+                sending.result()
+            sending = broker_side.submit(send, batch, out, had)
+        if sending is not None:
+            sending.result()
     report.skipped = dict(skipped)
 
 

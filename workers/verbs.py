@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dedupe import EffectRecord
     from reconciler import Operator
 
-    from .campaign import CampaignFile, CampaignReport
+    from .campaign import CampaignFile, CampaignReport, CampaignSource
     from .producer import Handle
     from .runtime import Runtime
     from .settings import Settings
@@ -39,6 +39,7 @@ __all__ = [
     "revoke",
     "submit_call",
     "submit_campaign_file",
+    "submit_campaign_source",
     "supersede",
     "work_queue",
     "write_document",
@@ -141,14 +142,31 @@ def await_receipt(handle: Handle, timeout: float) -> Handle:
 
 
 def submit_campaign_file(
-    spec: CampaignFile, progress: Callable[[int], None] | None = None
+    spec: CampaignFile,
+    progress: Callable[[int], None] | None = None,
+    planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
-    """Freeze and fan out a campaign given as ``effectq campaign submit`` reads its file."""
+    """Freeze and fan out a campaign given as ``POST /v1/campaigns`` takes it."""
     from .campaign import submit_campaign
 
     return submit_campaign(
         spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
-        plan_version=spec.plan_version, progress=progress,
+        plan_version=spec.plan_version, progress=progress, planning=planning,
+    )  # fmt: skip
+
+
+def submit_campaign_source(
+    source: CampaignSource,
+    progress: Callable[[int], None] | None = None,
+    planning: Callable[[int], None] | None = None,
+) -> CampaignReport:
+    """Freeze and fan out a campaign file, streamed (``effectq campaign submit FILE``)."""
+    from .campaign import submit_campaign
+
+    spec = source.header
+    return submit_campaign(
+        spec.campaign_id, spec.tool, source.recipients(), spec.args, action=spec.action,
+        plan_version=spec.plan_version, progress=progress, planning=planning,
     )  # fmt: skip
 
 
