@@ -273,6 +273,23 @@ class CampaignStore:
             if not cursor:
                 return
 
+    # -- background submissions (the API's campaign jobs) -------------------------------------
+
+    def write_job(
+        self, campaign_id: str, job_id: str, fields: Mapping[str, str | int], ttl_s: float
+    ) -> None:
+        """Record a job's phase and progress; it expires ``ttl_s`` after its last update."""
+        key = self._key(campaign_id, "job", job_id)
+        with self.ledger.guard():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(key, mapping={k: v for k, v in fields.items()})
+            pipe.pexpire(key, _ms(ttl_s))
+            pipe.execute()
+
+    def job(self, campaign_id: str, job_id: str) -> dict[str, str] | None:
+        found = self._hash(self._key(campaign_id, "job", job_id))
+        return found or None
+
     def touch(self, plan: CampaignPlan, ttl_s: float) -> None:
         """Keep the approved plan's keys as long as the records a submission may create."""
         with self.ledger.guard():
