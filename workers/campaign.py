@@ -99,42 +99,52 @@ class CampaignSource:
 
     @classmethod
     def open(cls, path: str) -> CampaignSource:
-        """Raises OSError; ijson's JSONError (not JSON, or not UTF-8); pydantic's
-        ValidationError (the header, or ``recipients`` not a list of 1 to
-        ``MAX_RECIPIENTS``); MessageError (a field given twice)."""
+        """Raises OSError; pydantic's ValidationError (the header, or ``recipients`` not a
+        list of 1 to ``MAX_RECIPIENTS``); MessageError (not JSON in UTF-8, a field given
+        twice)."""
         import ijson  # type: ignore[import-untyped]
 
-        fields: dict[str, Any] = {}
-        count: int | None = None
-        with open(path, "rb") as f:
-            events = ijson.parse(f, use_float=True)
-            first = next(events, None)
-            if first is None or first[1] != "start_map":
-                CampaignHeader.model_validate(None)  # raises: not an object
-            for prefix, event, name in events:
-                if prefix == "" and event == "end_map":
-                    break
-                if name in fields or (name == "recipients" and count is not None):
-                    raise MessageError("campaign file: a field is given twice")
-                if name != "recipients":
-                    fields[name] = _value(events)
-                    continue
-                head = next(events)
-                if head[1] != "start_array":  # the model's error for what it is instead
-                    value = _value(itertools.chain([head], events))
-                    CampaignFile.model_validate({**fields, "recipients": value})
-                count = _items(events)
-        if count is None:
-            CampaignFile.model_validate(fields)  # raises: recipients missing
-        header = CampaignHeader.model_validate(fields)
-        _RecipientCount.model_validate({"recipients": count})
-        return cls(path, header, count or 0)
+        try:
+            with open(path, "rb") as f:
+                header, count = _header(ijson.parse(f, use_float=True))
+        except ijson.JSONError:  # its message quotes the text: never echoed
+            raise MessageError("the campaign file is not JSON in UTF-8") from None
+        return cls(path, header, count)
 
     def recipients(self) -> Iterator[Any]:
         import ijson
 
-        with open(self.path, "rb") as f:
-            yield from ijson.items(f, "recipients.item", use_float=True)
+        try:
+            with open(self.path, "rb") as f:
+                yield from ijson.items(f, "recipients.item", use_float=True)
+        except ijson.JSONError:  # changed since it was checked
+            raise MessageError("the campaign file is not JSON in UTF-8") from None
+
+
+def _header(events: Iterator[tuple[str, str, Any]]) -> tuple[CampaignHeader, int]:
+    fields: dict[str, Any] = {}
+    count: int | None = None
+    first = next(events, None)
+    if first is None or first[1] != "start_map":
+        CampaignHeader.model_validate(None)  # raises: not an object
+    for prefix, event, name in events:
+        if prefix == "" and event == "end_map":
+            break
+        if name in fields or (name == "recipients" and count is not None):
+            raise MessageError("campaign file: a field is given twice")
+        if name != "recipients":
+            fields[name] = _value(events)
+            continue
+        head = next(events)
+        if head[1] != "start_array":  # the model's error for what it is instead
+            value = _value(itertools.chain([head], events))
+            CampaignFile.model_validate({**fields, "recipients": value})
+        count = _items(events)
+    if count is None:
+        CampaignFile.model_validate(fields)  # raises: recipients missing
+    header = CampaignHeader.model_validate(fields)
+    _RecipientCount.model_validate({"recipients": count})
+    return header, count or 0
 
 
 def _value(events: Iterator[tuple[str, str, Any]]) -> Any:

@@ -821,8 +821,6 @@ def campaign_submit(
         fail(2, _validation_reason(exc, "campaign file"))
     except MessageError as exc:
         fail(2, exc.message)
-    except ValueError:  # ijson's JSONError and IncompleteJSONError
-        fail(2, "the campaign file is not JSON in UTF-8")
     _install()
     with _campaign_bars(source.count, quiet=as_json) as (planning, advance):
         report = submit_campaign_source(source, progress=advance, planning=planning)
