@@ -250,8 +250,9 @@ def submit_campaign(
         try:
             plan = _approve(store, plan, plan_version, ttl_s, report)
         except BaseException:
-            store.discard(plan)
+            store.discard(plan)  # the staged rows: no approval names them
             raise
+        store.touch(plan, ttl_s)
         report.plan_version = plan.version
         report.recipients = plan.count
         spool.seek(0)
@@ -411,24 +412,18 @@ def _approve(
             store.discard(plan, rows=False)  # removed rows of an earlier round's check
             plan = _check_against(approved, plan, plan_version, store, ttl_s, report)
             if plan is approved:
-                return _adopt(store, approved, ttl_s)
+                return approved
         answer = store.approve(plan, approved=approved, ttl_s=ttl_s)
         if answer == "ok":
-            store.touch(plan, ttl_s)
             return plan
         if answer == "same":  # an identical plan approved meanwhile: fan out under it
-            store.discard(plan)
             current = store.meta(plan.campaign_id)
             if current is not None and current.token == plan.token:
-                return _adopt(store, current, ttl_s)
+                store.discard(plan)
+                return current
     raise ConflictError(
         f"campaign {plan.campaign_id!r}: other submissions keep approving plans; submit again"
     )
-
-
-def _adopt(store: CampaignStore, approved: CampaignPlan, ttl_s: float) -> CampaignPlan:
-    store.touch(approved, ttl_s)
-    return approved
 
 
 def _check_against(
@@ -439,16 +434,15 @@ def _check_against(
     ttl_s: float,
     report: CampaignReport,
 ) -> CampaignPlan:
-    """The plan to approve (``approved`` itself when the staged rows are its rows); for a
-    new version, the earlier recipients it drops are written as its removed rows."""
+    """The plan to approve (``approved`` itself when the staged rows are its rows: the
+    staged ones are deleted); for a new version, the earlier recipients it drops are
+    written as its removed rows. A conflict raises, the caller deletes what was staged."""
     if (approved.tool, approved.action) != (plan.tool, plan.action):
-        store.discard(plan)
         raise ConflictError(
             f"campaign {plan.campaign_id!r} was approved for {approved.tool}/{approved.action}"
         )
     version = plan_version or approved.version
     if version < approved.version:
-        store.discard(plan)
         raise ConflictError(
             f"campaign {plan.campaign_id!r} is at plan version {approved.version}, not {version}"
         )
@@ -466,7 +460,6 @@ def _check_against(
         if not added and not removed and same_args:
             store.discard(plan)
             return approved
-        store.discard(plan)
         what = "bound arguments" if not added and not removed else "recipient list"
         raise ConflictError(
             f"campaign {plan.campaign_id!r}: changed {what} under plan version {version} "
