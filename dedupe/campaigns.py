@@ -6,13 +6,24 @@ is one campaign):
 
     <ns>:campaign:<tag>                     hash: the approved plan's meta (approval: an
                                             atomic compare-and-set, written last)
-    <ns>:campaign:<tag>:plan:<v>:<fp>       hash: effect key -> recipient, plan version v
-                                            with plan fingerprint fp (two submissions racing
-                                            for one version never write into one plan)
-    <ns>:campaign:<tag>:removed:<v>:<fp>    hash: effect key -> recipient of every earlier
-                                            plan's recipient that plan v no longer holds
+    <ns>:campaign:<tag>:plan:<rows>         hash: effect key -> recipient of one plan, under
+                                            the random rows id its submission drew (two
+                                            submissions racing never write into one plan);
+                                            the meta's ``rows_id`` names the approved one
+    <ns>:campaign:<tag>:removed:<rows>      hash: effect key -> recipient of every earlier
+                                            plan's recipient that this plan no longer holds
+    <ns>:campaign:<tag>:plan:<v>:<fp>       the same two, as plans approved before rows ids
+    <ns>:campaign:<tag>:removed:<v>:<fp>    were written (no ``rows_id``: version v, plan
+                                            fingerprint fp); still read, never written anew
     <ns>:campaign:<tag>:sent:<v>            set:  effect keys of plan v that have a message
                                             (sent now, or done/pending from an earlier send)
+    <ns>:campaign:<tag>:job:<id>            hash: a submission the API runs in the
+                                            background: its phase, progress and outcome
+
+A submission streams: its rows are staged chunk by chunk under its own rows id (HSET's
+reply says whether a key is new to the plan, so spellings collapse without the producer
+holding the list), the plan fingerprint is folded in as rows arrive (``PlanDigest``), and
+only the complete plan is approved.
 
 Every one of them expires with the records it describes: its TTL (the tool's retention
 plus its provider window: a message older than the window never executes) is refreshed
@@ -31,13 +42,15 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 
 from .ledger import Ledger
 from .records import State
 
-__all__ = ["CampaignPlan", "CampaignStore", "campaign_tag", "normalize_campaign_id"]
+__all__ = [
+    "CampaignPlan", "CampaignStore", "PlanDigest", "campaign_tag", "normalize_campaign_id",
+]  # fmt: skip
 
 _BATCH = 2000
 # Approval: write the meta only if it is still the one the submitter checked its plan
@@ -45,12 +58,17 @@ _BATCH = 2000
 # KEYS[1] meta; ARGV[1] expected "version|plan fp|args fp" ('' = none), ARGV[2] this plan's,
 # ARGV[3] TTL ms (0: none), ARGV[4..] field, value pairs; a "base:" field (the counters'
 # baseline) is written only where none is, so only the campaign's first approval sets it.
-# Returns 'ok' or what the meta now holds.
+# Returns 'ok', 'same' (this very plan is approved already, maybe under another submission's
+# rows: the meta is left as it is) or what the meta now holds.
 _APPROVE = """
 local v = redis.call('HMGET', KEYS[1], 'version', 'plan_fingerprint', 'args_fingerprint')
 local seen = ''
 if v[1] then seen = v[1] .. '|' .. (v[2] or '') .. '|' .. (v[3] or '') end
-if seen ~= ARGV[1] and seen ~= ARGV[2] then return seen end
+if seen == ARGV[2] and seen ~= ARGV[1] then
+  if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+  return 'same'
+end
+if seen ~= ARGV[1] then return seen end
 for i = 4, #ARGV, 2 do
   -- HMGET, not HSETNX/HEXISTS: the documented ACL grants only the commands effectq uses.
   local base = string.sub(ARGV[i], 1, 5) == 'base:'
@@ -73,6 +91,28 @@ def campaign_tag(campaign_id: str) -> str:
     return hashlib.sha256(normalize_campaign_id(campaign_id).encode("utf-8")).hexdigest()[:16]
 
 
+class PlanDigest:
+    """The plan fingerprint of a set of effect keys, folded in one key at a time in any
+    order: AdHash (Bellare and Micciancio) — the sum of each key's 2048-byte SHAKE-128
+    expansion modulo 2^16384, a modulus large enough that Wagner's generalized-birthday
+    attack on additive set hashes costs more than 2^128 — then SHA-256 over that sum and the
+    count. Each key must be added once (the plan's HSET says which are new)."""
+
+    _BYTES = 2048
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._sum = 0
+
+    def add(self, key: str) -> None:
+        self._sum += int.from_bytes(hashlib.shake_128(key.encode()).digest(self._BYTES))
+        self.count += 1
+
+    def hexdigest(self) -> str:
+        total = (self._sum % (1 << (8 * self._BYTES))).to_bytes(self._BYTES)
+        return hashlib.sha256(b"effectq plan 2|%d|" % self.count + total).hexdigest()
+
+
 @dataclass(frozen=True)
 class CampaignPlan:
     campaign_id: str
@@ -82,6 +122,9 @@ class CampaignPlan:
     count: int
     args_fingerprint: str
     plan_fingerprint: str
+    # The random id naming this plan's rows; "" for a plan approved before rows ids, whose
+    # rows are named by version and fingerprint.
+    rows_id: str = ""
 
     @property
     def token(self) -> str:
@@ -105,6 +148,8 @@ class CampaignStore:
         )
 
     def _plan_key(self, plan: CampaignPlan, kind: str = "plan") -> str:
+        if plan.rows_id:
+            return self._key(plan.campaign_id, kind, plan.rows_id)
         return self._key(plan.campaign_id, kind, plan.version, plan.plan_fingerprint[:16])
 
     def meta(self, campaign_id: str) -> CampaignPlan | None:
@@ -120,7 +165,72 @@ class CampaignStore:
             count=int(fields["count"]),
             args_fingerprint=fields["args_fingerprint"],
             plan_fingerprint=fields["plan_fingerprint"],
+            rows_id=fields.get("rows_id", ""),
         )
+
+    # -- a streaming submission: stage, compare, approve -------------------------------------
+
+    def stage(self, plan: CampaignPlan, rows: Mapping[str, str], ttl_s: float) -> list[bool]:
+        """Add ``rows`` to the (not yet approved) plan ``plan``: one pipelined round trip.
+        For each row, whether its key is new to the plan (False: another spelling of a
+        recipient staged before)."""
+        key = self._plan_key(plan)
+        with self.ledger.guard():
+            pipe = self.client.pipeline(transaction=False)
+            for field, value in rows.items():
+                pipe.hset(key, field, value)
+            pipe.pexpire(key, _ms(ttl_s))
+            replies = pipe.execute()
+        return [bool(n) for n in replies[:-1]]
+
+    def diff(
+        self, plan: CampaignPlan, approved: CampaignPlan, *, ttl_s: float | None = None
+    ) -> tuple[int, int]:
+        """(kept, removed): how many of ``approved``'s rows ``plan`` (staged) holds, and how
+        many it does not; with ``ttl_s``, the rows it does not hold — and those ``approved``
+        had dropped from earlier plans — are written as ``plan``'s removed rows. Streams
+        both hashes a page at a time."""
+        kept = removed = 0
+        new = self._plan_key(plan)
+        for source in ("plan", "removed"):
+            for page in self._pages(self._plan_key(approved, source)):
+                with self.ledger.guard():
+                    held = self.client.hmget(new, list(page))
+                gone = {k: v for (k, v), h in zip(page.items(), held, strict=True) if h is None}
+                if source == "plan":
+                    removed += len(gone)
+                    kept += len(page) - len(gone)
+                if gone and ttl_s is not None:
+                    self._write(self._plan_key(plan, "removed"), gone, ttl_s)
+        return kept, removed
+
+    def discard(self, plan: CampaignPlan, *, rows: bool = True) -> None:
+        """Delete a staged plan that was not approved (or only its removed rows)."""
+        names = [self._plan_key(plan, "removed")] + ([self._plan_key(plan)] if rows else [])
+        with self.ledger.guard():
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:  # one key per command: Cluster-safe
+                pipe.delete(name)
+            pipe.execute()
+
+    def approve(
+        self, plan: CampaignPlan, *, approved: CampaignPlan | None, ttl_s: float | None
+    ) -> str:
+        """Approve ``plan`` if the meta still is ``approved`` (None: absent): 'ok', 'same'
+        (an identical plan is approved already: the caller adopts it) or 'other'."""
+        meta = [part for k, v in asdict(plan).items() for part in (k, str(v))]
+        expected = approved.token if approved is not None else ""
+        if approved is None:
+            # A campaign id used again after its plan expired finds the counters its earlier
+            # records left: this approval's baseline, subtracted from every status.
+            counts = self.ledger.campaign_counts(campaign_tag(plan.campaign_id))
+            meta += [part for k, n in counts.items() if n for part in (f"base:{k}", str(n))]
+        ttl = _ms(ttl_s) if ttl_s is not None else 0
+        with self.ledger.guard():
+            answer = self._approve(
+                keys=[self._key(plan.campaign_id)], args=[expected, plan.token, ttl, *meta]
+            )
+        return str(answer) if str(answer) in ("ok", "same") else "other"
 
     def freeze(
         self,
@@ -135,28 +245,50 @@ class CampaignStore:
         approve it: the meta is written only if it still is ``approved`` (None: absent), or
         already this plan. False when another submission approved a plan meanwhile. A crash
         in between leaves the previous approval standing; freezing again is idempotent."""
-        pipe = self.client.pipeline(transaction=False)
         for key, mapping in ((self._plan_key(plan), rows),
                              (self._plan_key(plan, "removed"), removed or {})):  # fmt: skip
-            items = list(mapping.items())
+            self._write(key, mapping, ttl_s)
+        return self.approve(plan, approved=approved, ttl_s=ttl_s) != "other"
+
+    def _write(self, key: str, mapping: Mapping[str, str], ttl_s: float | None) -> None:
+        items = list(mapping.items())
+        if not items:
+            return
+        with self.ledger.guard():
+            pipe = self.client.pipeline(transaction=False)
             for lo in range(0, len(items), _BATCH):
                 pipe.hset(key, mapping=dict(items[lo : lo + _BATCH]))
-            if items and ttl_s is not None:
+            if ttl_s is not None:
                 pipe.pexpire(key, _ms(ttl_s))
-        meta = [part for k, v in asdict(plan).items() for part in (k, str(v))]
-        expected = approved.token if approved is not None else ""
-        if approved is None:
-            # A campaign id used again after its plan expired finds the counters its earlier
-            # records left: this approval's baseline, subtracted from every status.
-            counts = self.ledger.campaign_counts(campaign_tag(plan.campaign_id))
-            meta += [part for k, n in counts.items() if n for part in (f"base:{k}", str(n))]
-        ttl = _ms(ttl_s) if ttl_s is not None else 0
-        with self.ledger.guard():
             pipe.execute()
-            answer = self._approve(
-                keys=[self._key(plan.campaign_id)], args=[expected, plan.token, ttl, *meta]
-            )
-        return str(answer) == "ok"
+
+    def _pages(self, key: str) -> Iterator[dict[str, str]]:
+        cursor = 0
+        while True:
+            with self.ledger.guard():
+                found: dict[str, str]
+                cursor, found = self.client.hscan(key, cursor=cursor, count=_BATCH)  # type: ignore[assignment]
+            if found:
+                yield {str(k): str(v) for k, v in found.items()}
+            if not cursor:
+                return
+
+    # -- background submissions (the API's campaign jobs) -------------------------------------
+
+    def write_job(
+        self, campaign_id: str, job_id: str, fields: Mapping[str, str | int], ttl_s: float
+    ) -> None:
+        """Record a job's phase and progress; it expires ``ttl_s`` after its last update."""
+        key = self._key(campaign_id, "job", job_id)
+        with self.ledger.guard():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(key, mapping={k: v for k, v in fields.items()})
+            pipe.pexpire(key, _ms(ttl_s))
+            pipe.execute()
+
+    def job(self, campaign_id: str, job_id: str) -> dict[str, str] | None:
+        found = self._hash(self._key(campaign_id, "job", job_id))
+        return found or None
 
     def touch(self, plan: CampaignPlan, ttl_s: float) -> None:
         """Keep the approved plan's keys as long as the records a submission may create."""
@@ -167,10 +299,6 @@ class CampaignStore:
                         self._key(plan.campaign_id, "sent", plan.version)):  # fmt: skip
                 pipe.pexpire(key, _ms(ttl_s))
             pipe.execute()
-
-    def plan_rows(self, plan: CampaignPlan) -> dict[str, str]:
-        """Effect key -> recipient of every row of ``plan``."""
-        return self._hash(self._plan_key(plan))
 
     def removed_rows(self, plan: CampaignPlan) -> dict[str, str]:
         """Effect key -> recipient of the earlier plans' recipients ``plan`` dropped."""
@@ -232,8 +360,7 @@ class CampaignStore:
         if plan is None:
             return counts
         gone: Counter[str] = Counter(self._baseline(campaign_id))
-        removed = list(self.removed_rows(plan))
-        for lo in range(0, len(removed), _BATCH):
-            records = self.ledger.get_many(removed[lo : lo + _BATCH])
+        for page in self._pages(self._plan_key(plan, "removed")):
+            records = self.ledger.get_many(page)
             gone.update(r.state.value for r in records.values() if r is not None)
         return {state: max(n - gone[state], 0) for state, n in counts.items()}

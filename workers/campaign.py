@@ -11,10 +11,15 @@ ones are listed, never "un-sent".
 from __future__ import annotations
 
 import hashlib
+import itertools
+import pickle
+import secrets
+import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
@@ -31,7 +36,7 @@ from dedupe import (
     campaign_tag,
     canonical_bytes,
 )
-from dedupe.campaigns import normalize_campaign_id
+from dedupe.campaigns import PlanDigest, normalize_campaign_id
 from dedupe.failpoints import failpoint
 
 from .broker.fanout import enqueue_many
@@ -40,9 +45,14 @@ from .registry import get_tool
 from .runtime import current
 from .tool import EffectTool, Envelope
 
+if TYPE_CHECKING:
+    from dramatiq import Message
+
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
 BATCH = 1000
+# The rejections a report lists (all are counted): a list of a million bad rows stays small.
+MAX_REJECTED = 1000
 # Approval rounds against concurrent submissions of one campaign before giving up.
 _APPROVALS = 3
 _HAD_A_MESSAGE = frozenset({SubmitStatus.DONE, SubmitStatus.PENDING, SubmitStatus.BLOCKED})
@@ -53,8 +63,11 @@ RECIPIENT_STATE = {
 }  # fmt: skip
 
 
-class CampaignFile(BaseModel):
-    """``effectq campaign submit FILE``: the file's strict shape."""
+MAX_RECIPIENTS = 1_000_000
+
+
+class CampaignHeader(BaseModel):
+    """A campaign file without its recipients."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -62,8 +75,104 @@ class CampaignFile(BaseModel):
     tool: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     action: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     args: dict[str, JsonValue] = {}
-    recipients: Annotated[list[JsonValue], Field(min_length=1, max_length=1_000_000)]
     plan_version: Annotated[int, Field(ge=1)] | None = None
+
+
+class CampaignFile(CampaignHeader):
+    """``effectq campaign submit FILE`` and ``POST /v1/campaigns``: the strict shape."""
+
+    recipients: Annotated[list[JsonValue], Field(min_length=1, max_length=MAX_RECIPIENTS)]
+
+
+class _RecipientCount(BaseModel):
+    recipients: Annotated[int, Field(ge=1, le=MAX_RECIPIENTS)]
+
+
+class CampaignSource:
+    """A campaign file read without loading it whole: ``open`` parses it once with ijson
+    (the whole file checked as JSON, the header validated, the recipients counted, never
+    held), ``recipients()`` streams them from a second read. Numbers parse as ``json``
+    parses them (an int, or a float)."""
+
+    def __init__(self, path: str, header: CampaignHeader, count: int) -> None:
+        self.path, self.header, self.count = path, header, count
+
+    @classmethod
+    def open(cls, path: str) -> CampaignSource:
+        """Raises OSError; pydantic's ValidationError (the header, or ``recipients`` not a
+        list of 1 to ``MAX_RECIPIENTS``); MessageError (not JSON in UTF-8, a field given
+        twice)."""
+        import ijson  # type: ignore[import-untyped]
+
+        try:
+            with open(path, "rb") as f:
+                header, count = _header(ijson.parse(f, use_float=True))
+        except ijson.JSONError:  # its message quotes the text: never echoed
+            raise MessageError("the campaign file is not JSON in UTF-8") from None
+        return cls(path, header, count)
+
+    def recipients(self) -> Iterator[Any]:
+        import ijson
+
+        try:
+            with open(self.path, "rb") as f:
+                yield from ijson.items(f, "recipients.item", use_float=True)
+        except ijson.JSONError:  # changed since it was checked
+            raise MessageError("the campaign file is not JSON in UTF-8") from None
+
+
+def _header(events: Iterator[tuple[str, str, Any]]) -> tuple[CampaignHeader, int]:
+    fields: dict[str, Any] = {}
+    count: int | None = None
+    first = next(events, None)
+    if first is None or first[1] != "start_map":
+        CampaignHeader.model_validate(None)  # raises: not an object
+    for prefix, event, name in events:
+        if prefix == "" and event == "end_map":
+            break
+        if name in fields or (name == "recipients" and count is not None):
+            raise MessageError("campaign file: a field is given twice")
+        if name != "recipients":
+            fields[name] = _value(events)
+            continue
+        head = next(events)
+        if head[1] != "start_array":  # the model's error for what it is instead
+            value = _value(itertools.chain([head], events))
+            CampaignFile.model_validate({**fields, "recipients": value})
+        count = _items(events)
+    if count is None:
+        CampaignFile.model_validate(fields)  # raises: recipients missing
+    header = CampaignHeader.model_validate(fields)
+    _RecipientCount.model_validate({"recipients": count})
+    return header, count or 0
+
+
+def _value(events: Iterator[tuple[str, str, Any]]) -> Any:
+    """The next JSON value of ``events``, built."""
+    import ijson
+
+    builder = ijson.ObjectBuilder()
+    depth = 0
+    for _, event, value in events:
+        builder.event(event, value)
+        depth += event in ("start_map", "start_array")
+        depth -= event in ("end_map", "end_array")
+        if depth == 0:
+            return builder.value
+    raise MessageError("campaign file: truncated")
+
+
+def _items(events: Iterator[tuple[str, str, Any]]) -> int:
+    """Count the items of the list whose start ``events`` just gave, skipping to its end."""
+    count = depth = 0
+    for _, event, _ in events:
+        if depth == 0:
+            if event == "end_array":
+                return count
+            count += 1
+        depth += event in ("start_map", "start_array")
+        depth -= event in ("end_map", "end_array")
+    raise MessageError("campaign file: truncated")
 
 
 @dataclass
@@ -73,6 +182,7 @@ class CampaignReport:
     recipients: int
     collapsed: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    rejected_total: int = 0
     sent: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     added: int = 0
@@ -80,6 +190,11 @@ class CampaignReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def reject(self, index: int, reason: str) -> None:
+        self.rejected_total += 1
+        if len(self.rejected) < MAX_REJECTED:
+            self.rejected.append({"index": index, "reason": reason})
 
 
 def _recipient_field(tool: EffectTool, args: dict[str, Any]) -> str:
@@ -99,19 +214,27 @@ def _sha(value: Any) -> str:
 def submit_campaign(
     campaign_id: str,
     tool: str | EffectTool,
-    recipients: Sequence[Any],
+    recipients: Iterable[Any],
     args: dict[str, Any] | None = None,
     *,
     action: str | None = None,
     plan_version: int | None = None,
     progress: Callable[[int], None] | None = None,
+    planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
     """Freeze the plan for ``recipients`` and fan it out; see the module docstring.
+
+    Streams in two passes, in memory bounded by a batch whatever the list's length:
+    ``recipients`` is read once (any iterable: a list, a generator over a file) into plan
+    rows staged in Redis and a spool of the derived effects on local disk; the plan is
+    approved once complete, and only then is the spool fanned out. ``planning`` is called
+    with the recipients read so far per batch, ``progress`` with the recipients fanned out.
 
     Raises ConflictError for a changed list or changed bound arguments under the same plan
     version, or a plan another submission approved meanwhile; invalid recipients (a value
     the normalizer refuses, a request over the bound a worker enforces) are rejected one
-    by one (index and reason), never dropped and never enqueued.
+    by one (index and reason; the first ``MAX_REJECTED`` listed, all counted), never dropped
+    and never enqueued.
     """
     target = get_tool(tool) if isinstance(tool, str) else tool
     # One campaign whatever the spelling: the id as derive() treats the scope of every key.
@@ -119,50 +242,151 @@ def submit_campaign(
     args = dict(args or {})
     recipient = _recipient_field(target, args)
     report = CampaignReport(campaign_id, plan_version or 1, 0)
-    # Free content (the template) is the same for every recipient and enters neither key nor
-    # fingerprint: derive each recipient without it, check and normalize it once.
-    template = {k: v for k, v in args.items() if k in target.spec.free}
-    shared = {k: v for k, v in args.items() if k not in template}
-    effects: dict[str, Effect] = {}
-    index_of: dict[str, int] = {}
-    for index, value in enumerate(recipients):
-        try:
-            effect = target.derive(campaign_id, {**shared, recipient: value}, action)
-        except IdentityError as exc:
-            report.rejected.append({"index": index, "reason": exc.message})
-            continue
-        if effect.key in effects:
-            report.collapsed += 1
-        effects.setdefault(effect.key, effect)  # the first spelling is the one mailed
-        index_of.setdefault(effect.key, index)
-    if effects:
-        sample = next(iter(effects.values()))
-        full = target.derive(campaign_id, {**sample.args, **template}, action).args
-        content = {k: full[k] for k in template}
-        effects = {k: replace(e, args={**e.args, **content}) for k, e in effects.items()}
-        _reject_oversized(target.runtime.ledger(), effects, index_of, report)
-    if not effects:
-        raise MessageError(f"campaign {campaign_id!r}: no valid recipient")
-    report.rejected.sort(key=lambda r: int(r["index"]))
-    report.recipients = len(effects)
-    sample = next(iter(effects.values()))
-    bound = {f: sample.normalized[f] for f in target.spec.bound if f != recipient}
-    plan = CampaignPlan(
-        campaign_id=campaign_id,
-        tool=target.name,
-        action=sample.action,
-        version=plan_version or 1,
-        count=len(effects),
-        args_fingerprint=_sha({"tool": target.name, "action": sample.action, "bound": bound}),
-        plan_fingerprint=hashlib.sha256("\n".join(sorted(effects)).encode()).hexdigest(),
-    )
     store = CampaignStore(target.runtime.ledger())
     ttl_s = _plan_ttl_s(target)
-    rows = {key: str(e.normalized[recipient]) for key, e in effects.items()}
-    plan = _approve(store, plan, plan_version, rows, ttl_s, report)
-    report.plan_version = plan.version
-    _fan_out(target, plan, list(effects.values()), store, report, progress, ttl_s)
+    with tempfile.TemporaryFile(prefix="effectq-campaign-") as spool:
+        planner = _Planner(target, campaign_id, args, recipient, action, store, ttl_s, spool)
+        plan = planner.run(recipients, plan_version or 1, report, planning)
+        try:
+            plan = _approve(store, plan, plan_version, ttl_s, report)
+        except BaseException:
+            store.discard(plan)  # the staged rows: no approval names them
+            raise
+        store.touch(plan, ttl_s)
+        report.plan_version = plan.version
+        report.recipients = plan.count
+        spool.seek(0)
+        _fan_out(target, plan, planner.spooled(), store, report, progress, ttl_s)
     return report
+
+
+class _Planner:
+    """Pass 1: recipients -> effects -> plan rows staged in Redis (new keys only: the first
+    spelling of a recipient is the one mailed) and the plan digest, batch by batch; the
+    effects of the staged rows are spooled to ``spool`` for pass 2."""
+
+    def __init__(
+        self,
+        tool: EffectTool,
+        campaign_id: str,
+        args: dict[str, Any],
+        recipient: str,
+        action: str | None,
+        store: CampaignStore,
+        ttl_s: float,
+        spool: IO[bytes],
+    ) -> None:
+        self.tool, self.campaign_id, self.recipient, self.action = (
+            tool,
+            campaign_id,
+            recipient,
+            action,
+        )
+        self.store, self.ttl_s, self.spool = store, ttl_s, spool
+        self.ledger = tool.runtime.ledger()
+        # Free content (the template) is the same for every recipient and enters neither key
+        # nor fingerprint: derive each recipient without it, check and normalize it once.
+        self.template = {k: v for k, v in args.items() if k in tool.spec.free}
+        self.shared = {k: v for k, v in args.items() if k not in self.template}
+        self.content: dict[str, Any] | None = None
+        self.sample: Effect | None = None
+        self.digest = PlanDigest()
+
+    def run(
+        self,
+        recipients: Iterable[Any],
+        version: int,
+        report: CampaignReport,
+        planning: Callable[[int], None] | None,
+    ) -> CampaignPlan:
+        staged = CampaignPlan(self.campaign_id, self.tool.name, "", version, 0, "", "",
+                              rows_id=secrets.token_hex(8))  # fmt: skip
+        batch: dict[str, Effect] = {}
+        read = 0
+        try:
+            for index, value in enumerate(recipients):
+                read = index + 1
+                effect = self._derive(index, value, report)
+                if effect is None:
+                    pass
+                elif effect.key in batch:
+                    report.collapsed += 1
+                else:
+                    batch[effect.key] = effect
+                if len(batch) >= BATCH:
+                    self._stage(staged, batch, report)
+                if planning is not None and read % BATCH == 0:
+                    planning(BATCH)
+            self._stage(staged, batch, report)
+            if planning is not None and read % BATCH:
+                planning(read % BATCH)
+        except BaseException:
+            self.store.discard(staged)
+            raise
+        if self.sample is None:
+            self.store.discard(staged)
+            raise MessageError(f"campaign {self.campaign_id!r}: no valid recipient")
+        sample = self.sample
+        bound = {f: sample.normalized[f] for f in self.tool.spec.bound if f != self.recipient}
+        return replace(
+            staged,
+            action=sample.action,
+            count=self.digest.count,
+            args_fingerprint=_sha(
+                {"tool": self.tool.name, "action": sample.action, "bound": bound}
+            ),
+            plan_fingerprint=self.digest.hexdigest(),
+        )
+
+    def _derive(self, index: int, value: Any, report: CampaignReport) -> Effect | None:
+        try:
+            effect = self.tool.derive(
+                self.campaign_id, {**self.shared, self.recipient: value}, self.action
+            )
+        except IdentityError as exc:
+            report.reject(index, exc.message)
+            return None
+        if self.content is None:
+            full = self.tool.derive(
+                self.campaign_id, {**effect.args, **self.template}, self.action
+            ).args
+            self.content = {k: full[k] for k in self.template}
+        try:
+            # A request no worker could claim (over the ledger's bound) is refused per
+            # recipient here; Ledger.submit_many would refuse the whole batch.
+            self.ledger.request_text(self.with_content(effect))
+        except RecordTooLargeError as exc:
+            report.reject(index, exc.message)
+            return None
+        self.sample = self.sample or effect
+        return effect
+
+    def with_content(self, effect: Effect) -> Effect:
+        return replace(effect, args={**effect.args, **(self.content or {})})
+
+    def _stage(self, plan: CampaignPlan, batch: dict[str, Effect], report: CampaignReport) -> None:
+        if not batch:
+            return
+        rows = {key: str(e.normalized[self.recipient]) for key, e in batch.items()}
+        fresh = self.store.stage(plan, rows, self.ttl_s)
+        kept = []
+        for (key, effect), new in zip(batch.items(), fresh, strict=True):
+            if new:
+                self.digest.add(key)
+                kept.append(effect)
+            else:  # another spelling of a recipient an earlier batch staged
+                report.collapsed += 1
+        pickle.dump(kept, self.spool, protocol=pickle.HIGHEST_PROTOCOL)
+        batch.clear()
+
+    def spooled(self) -> Iterator[list[Effect]]:
+        """Pass 2: the staged effects, batch by batch, with the template's content."""
+        while True:
+            try:
+                batch: list[Effect] = pickle.load(self.spool)  # our own spool file
+            except EOFError:
+                return
+            yield [self.with_content(e) for e in batch]
 
 
 def _plan_ttl_s(tool: EffectTool) -> float:
@@ -172,41 +396,31 @@ def _plan_ttl_s(tool: EffectTool) -> float:
     return tool.spec.retention_s + tool.spec.provider_window_s
 
 
-def _reject_oversized(
-    ledger: Ledger,
-    effects: dict[str, Effect],
-    index_of: dict[str, int],
-    report: CampaignReport,
-) -> None:
-    """A request no worker could claim (over the ledger's bound) is refused per recipient
-    here; Ledger.submit_many would refuse the whole batch."""
-    for key, effect in list(effects.items()):
-        try:
-            ledger.request_text(effect)
-        except RecordTooLargeError as exc:
-            del effects[key]
-            report.rejected.append({"index": index_of[key], "reason": exc.message})
-
-
 def _approve(
     store: CampaignStore,
     plan: CampaignPlan,
     plan_version: int | None,
-    rows: dict[str, str],
     ttl_s: float,
     report: CampaignReport,
 ) -> CampaignPlan:
-    """Check ``plan`` against the approved one and approve it, atomically against a
-    concurrent submission: one that approved first is checked against in turn (an
-    identical plan proceeds, another is a conflict)."""
+    """Check the staged ``plan`` against the approved one and approve it, atomically
+    against a concurrent submission: one that approved first is checked against in turn
+    (an identical plan is adopted, another is a conflict). Returns the plan to fan out."""
     for _ in range(_APPROVALS):
         approved = store.meta(plan.campaign_id)
-        removed: dict[str, str] | None = None
         if approved is not None:
-            plan, removed = _check_against(approved, plan, plan_version, store, rows, report)
-        if store.freeze(plan, rows, approved=approved, removed=removed, ttl_s=ttl_s):
-            store.touch(plan, ttl_s)
+            store.discard(plan, rows=False)  # removed rows of an earlier round's check
+            plan = _check_against(approved, plan, plan_version, store, ttl_s, report)
+            if plan is approved:
+                return approved
+        answer = store.approve(plan, approved=approved, ttl_s=ttl_s)
+        if answer == "ok":
             return plan
+        if answer == "same":  # an identical plan approved meanwhile: fan out under it
+            current = store.meta(plan.campaign_id)
+            if current is not None and current.token == plan.token:
+                store.discard(plan)
+                return current
     raise ConflictError(
         f"campaign {plan.campaign_id!r}: other submissions keep approving plans; submit again"
     )
@@ -217,10 +431,12 @@ def _check_against(
     plan: CampaignPlan,
     plan_version: int | None,
     store: CampaignStore,
-    rows: dict[str, str],
+    ttl_s: float,
     report: CampaignReport,
-) -> tuple[CampaignPlan, dict[str, str] | None]:
-    """The plan to approve, and for a new version the earlier recipients it drops."""
+) -> CampaignPlan:
+    """The plan to approve (``approved`` itself when the staged rows are its rows: the
+    staged ones are deleted); for a new version, the earlier recipients it drops are
+    written as its removed rows. A conflict raises, the caller deletes what was staged."""
     if (approved.tool, approved.action) != (plan.tool, plan.action):
         raise ConflictError(
             f"campaign {plan.campaign_id!r} was approved for {approved.tool}/{approved.action}"
@@ -230,15 +446,20 @@ def _check_against(
         raise ConflictError(
             f"campaign {plan.campaign_id!r} is at plan version {approved.version}, not {version}"
         )
-    same = (plan.plan_fingerprint, plan.args_fingerprint) == (
-        approved.plan_fingerprint, approved.args_fingerprint,
-    )  # fmt: skip
-    plan = CampaignPlan(**{**asdict(plan), "version": version})
-    if version == approved.version and same:
-        return plan, None
-    old = store.plan_rows(approved)
-    added, removed = len(rows.keys() - old.keys()), len(old.keys() - rows.keys())
+    same_args = plan.args_fingerprint == approved.args_fingerprint
+    same_rows = plan.plan_fingerprint == approved.plan_fingerprint
+    if version == approved.version and same_args and same_rows:
+        store.discard(plan)
+        return approved
+    plan = replace(plan, version=version)
+    # A new version writes the rows it drops as it compares; a plan approved before the
+    # streaming fingerprint (another scheme) is compared row by row too.
+    kept, removed = store.diff(plan, approved, ttl_s=ttl_s if version > approved.version else None)
+    added = plan.count - kept
     if version == approved.version:
+        if not added and not removed and same_args:
+            store.discard(plan)
+            return approved
         what = "bound arguments" if not added and not removed else "recipient list"
         raise ConflictError(
             f"campaign {plan.campaign_id!r}: changed {what} under plan version {version} "
@@ -247,55 +468,64 @@ def _check_against(
             removed=removed,
         )
     report.added, report.removed = added, removed
-    # Every recipient an earlier plan held and this one does not: its records are no part
-    # of this plan's counts.
-    dropped = {**store.removed_rows(approved), **old}
-    return plan, {k: v for k, v in dropped.items() if k not in rows}
+    return plan
 
 
 def _fan_out(
     tool: EffectTool,
     plan: CampaignPlan,
-    effects: list[Effect],
+    batches: Iterable[list[Effect]],
     store: CampaignStore,
     report: CampaignReport,
     progress: Callable[[int], None] | None,
     ttl_s: float,
 ) -> None:
+    """Pass 2, a batch at a time in two stages that overlap: the ledger marks batch i+1
+    while the broker takes batch i (two servers; at most one batch waits)."""
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
-    for lo in range(0, len(effects), BATCH):
-        batch = effects[lo : lo + BATCH]
-        messages = {
-            e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
-        }
-        # force: a pending marker may stand for a message a crash lost; a second message
-        # for one effect is harmless, the claim decides. The markers are reservations until
-        # the broker holds the batch.
-        answers = ledger.submit_many(
-            [(e, messages[e.key].message_id) for e in batch],
-            pending_s=cfg.pending_reservation_s,
-            force=True,
-        )
-        send = [a.key for a in answers if a.status is SubmitStatus.ENQUEUE]
-        for effect, answer in zip(batch, answers, strict=True):
-            if answer.status is not SubmitStatus.ENQUEUE:
-                skipped[answer.status.value] += 1
-            elif answer.generation:  # same message id, carrying the generation it is for
-                envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
-                messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
-        failpoint("after_submit_mark")
-        enqueue_many(tool.actor.broker, [messages[key] for key in send])
-        confirm_pending(ledger, send, cfg.pending_ttl_s)
+
+    def send(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
+        enqueue_many(tool.actor.broker, messages)
+        keys = [m.args[0]["key"] for m in messages]
+        confirm_pending(ledger, keys, cfg.pending_ttl_s)
         # Sent: a message exists for it, now or from an earlier submission (done, held by a
         # worker, awaiting reconciliation). A conflict was never sent under this plan.
-        had = [a.key for a in answers if a.status in _HAD_A_MESSAGE]
-        store.mark_sent(plan.campaign_id, plan.version, [*send, *had], ttl_s=ttl_s)
-        report.sent += len(send)
+        store.mark_sent(plan.campaign_id, plan.version, [*keys, *had], ttl_s=ttl_s)
+        report.sent += len(messages)
         if progress is not None:
             progress(len(batch))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="effectq-fan-out") as broker_side:
+        sending: Future[None] | None = None
+        for batch in batches:
+            messages = {
+                e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
+            }
+            # force: a pending marker may stand for a message a crash lost; a second message
+            # for one effect is harmless, the claim decides. The markers are reservations
+            # until the broker holds the batch.
+            answers = ledger.submit_many(
+                [(e, messages[e.key].message_id) for e in batch],
+                pending_s=cfg.pending_reservation_s,
+                force=True,
+            )
+            for effect, answer in zip(batch, answers, strict=True):
+                if answer.status is not SubmitStatus.ENQUEUE:
+                    skipped[answer.status.value] += 1
+                elif answer.generation:  # same message id, carrying the generation it is for
+                    envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
+                    messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
+            failpoint("after_submit_mark")
+            out = [messages[a.key] for a in answers if a.status is SubmitStatus.ENQUEUE]
+            had = [a.key for a in answers if a.status in _HAD_A_MESSAGE]
+            if sending is not None:
+                sending.result()
+            sending = broker_side.submit(send, batch, out, had)
+        if sending is not None:
+            sending.result()
     report.skipped = dict(skipped)
 
 

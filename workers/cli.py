@@ -971,54 +971,65 @@ def campaign_submit(
     path: Annotated[str, typer.Argument(metavar="FILE", help="the campaign, JSON")],
     as_json: Json = False,
 ) -> None:
-    """Freeze and fan out FILE: {campaign_id, tool, action?, args, recipients, plan_version?}."""
+    """Freeze and fan out FILE: {campaign_id, tool, action?, args, recipients, plan_version?}.
+
+    FILE is streamed (any size up to 1,000,000 recipients, in flat memory): read once to
+    check it, once to plan, and the plan is frozen before the first message is sent."""
     from pydantic import ValidationError
 
-    from .campaign import CampaignFile
-    from .verbs import submit_campaign_file
+    from dedupe import MessageError
+
+    from .campaign import CampaignSource
+    from .verbs import submit_campaign_source
 
     try:
-        with open(path, "rb") as f:
-            spec = CampaignFile.model_validate_json(f.read())
+        source = CampaignSource.open(path)
     except OSError as exc:
         fail(2, f"cannot read the campaign file: {exc.strerror}")
     except ValidationError as exc:
         fail(2, _validation_reason(exc, "campaign file"))
+    except MessageError as exc:
+        fail(2, exc.message)
     _install()
-    with _fan_out_bar(len(spec.recipients), quiet=as_json) as advance:
-        report = submit_campaign_file(spec, progress=advance)
+    with _campaign_bars(source.count, quiet=as_json) as (planning, advance):
+        report = submit_campaign_source(source, progress=advance, planning=planning)
     if as_json:
         emit(report.as_dict())
         return
     line(
         f"campaign {report.campaign_id} v{report.plan_version}: {report.recipients} recipients, "
         f"{report.sent} sent, skipped {report.skipped or 'none'}, {report.collapsed} duplicates "
-        f"collapsed, {len(report.rejected)} rejected, +{report.added} -{report.removed}"
+        f"collapsed, {report.rejected_total} rejected, +{report.added} -{report.removed}"
     )
     for item in report.rejected[:20]:
         line(f"  rejected #{item['index']}: {item['reason']}")
 
 
-class _fan_out_bar:
-    """A progress bar on stderr while a campaign fans out, where stderr is a terminal."""
+Advance = Callable[[int], None]
+
+
+class _campaign_bars:
+    """Two progress bars on stderr, where stderr is a terminal: the plan (recipients read)
+    and the fan-out (recipients sent); each campaign file's count is the total of both."""
 
     def __init__(self, total: int, *, quiet: bool) -> None:
-        self.total, self.bar, self.task = total, None, None
+        self.total, self.bar = total, None
         if not quiet and err().is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
             self.bar = Progress(
-                "fan-out", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                "{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=err(), transient=True,
             )  # fmt: skip
 
-    def __enter__(self) -> Callable[[int], None]:
+    def __enter__(self) -> tuple[Advance, Advance]:
         if self.bar is None:
-            return lambda n: None
+            return (lambda n: None), (lambda n: None)
         self.bar.start()
-        task = self.bar.add_task("fan-out", total=self.total)
         bar = self.bar
-        return lambda n: bar.advance(task, n)
+        plan = bar.add_task("plan   ", total=self.total)
+        send = bar.add_task("fan-out", total=self.total)
+        return (lambda n: bar.advance(plan, n)), (lambda n: bar.advance(send, n))
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:

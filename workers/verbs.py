@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dedupe import EffectRecord
     from reconciler import Operator
 
-    from .campaign import CampaignFile, CampaignReport
+    from .campaign import CampaignFile, CampaignReport, CampaignSource
     from .producer import Handle
     from .runtime import Runtime
     from .settings import Settings
@@ -32,6 +32,7 @@ __all__ = [
     "audit_page",
     "audit_trail",
     "await_receipt",
+    "campaign_job",
     "campaign_status",
     "dead_letters",
     "effects",
@@ -51,6 +52,7 @@ __all__ = [
     "stream_cursor",
     "submit_call",
     "submit_campaign_file",
+    "submit_campaign_source",
     "supersede",
     "write_document",
 ]
@@ -249,6 +251,47 @@ def campaign_status(
     return status(campaign_id, cursor=cursor, page_size=page_size, ledger=ops.ledger)
 
 
+# A job not updated for this long was lost with its process (it writes at every batch).
+_JOB_LOST_MS = 60_000
+_JOB_INTS = ("recipients", "planned", "sent", "updated_ms")
+
+
+def campaign_job(ops: Operator, campaign_id: str, job_id: str) -> dict[str, Any]:
+    """A campaign job (``GET /v1/campaigns/{id}/jobs/{job}``): its state (accepted, planning,
+    sending, done, failed, lost), progress, the report or the error, and once its plan is
+    approved the campaign's own status (counts, never-sent diff, a first page of
+    recipients). MessageError when there is no such job."""
+    import contextlib
+    import json
+    import time
+
+    from dedupe import CampaignStore
+    from dedupe.campaigns import normalize_campaign_id
+
+    campaign_id = normalize_campaign_id(campaign_id)
+    found = CampaignStore(ops.ledger).job(campaign_id, job_id)
+    if found is None:
+        raise MessageError(f"no job {job_id!r} of campaign {campaign_id!r}")
+    document: dict[str, Any] = {"job_id": job_id, "campaign_id": campaign_id}
+    document.update({k: int(found.get(k, 0)) for k in _JOB_INTS})
+    state = found["state"]
+    idle_ms = time.time() * 1000 - document["updated_ms"]
+    if state not in ("done", "failed") and idle_ms > _JOB_LOST_MS:
+        state = "lost"
+        document["error"] = {"error": "lost", "message": "the process running this job "
+                             "stopped; submit the campaign again: only recipients not yet "
+                             "done are sent"}  # fmt: skip
+    document["state"] = state
+    if "error" in found:
+        document["error"] = {"error": found["error"], "message": found.get("message", "")}
+    document["report"] = json.loads(found["report"]) if "report" in found else None
+    document["campaign"] = None
+    if state in ("sending", "done", "lost"):
+        with contextlib.suppress(MessageError):  # its plan expired since
+            document["campaign"] = campaign_status(ops, campaign_id, page_size=10)
+    return document
+
+
 # -- actions ----------------------------------------------------------------------------------
 
 
@@ -287,14 +330,31 @@ def await_receipt(handle: Handle, timeout: float) -> Handle:
 
 
 def submit_campaign_file(
-    spec: CampaignFile, progress: Callable[[int], None] | None = None
+    spec: CampaignFile,
+    progress: Callable[[int], None] | None = None,
+    planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
-    """Freeze and fan out a campaign given as ``effectq campaign submit`` reads its file."""
+    """Freeze and fan out a campaign given as ``POST /v1/campaigns`` takes it."""
     from .campaign import submit_campaign
 
     return submit_campaign(
         spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
-        plan_version=spec.plan_version, progress=progress,
+        plan_version=spec.plan_version, progress=progress, planning=planning,
+    )  # fmt: skip
+
+
+def submit_campaign_source(
+    source: CampaignSource,
+    progress: Callable[[int], None] | None = None,
+    planning: Callable[[int], None] | None = None,
+) -> CampaignReport:
+    """Freeze and fan out a campaign file, streamed (``effectq campaign submit FILE``)."""
+    from .campaign import submit_campaign
+
+    spec = source.header
+    return submit_campaign(
+        spec.campaign_id, spec.tool, source.recipients(), spec.args, action=spec.action,
+        plan_version=spec.plan_version, progress=progress, planning=planning,
     )  # fmt: skip
 
 

@@ -175,7 +175,7 @@ def test_campaign_submit_status_and_conflict(client: httpx.Client, live: LocalSt
     assert submitted.json() == {
         "campaign_id": "spring-api", "plan_version": 1, "recipients": 5, "collapsed": 1,
         "rejected": [{"index": 6, "reason": submitted.json()["rejected"][0]["reason"]}],
-        "sent": 5, "skipped": {}, "added": 0, "removed": 0,
+        "rejected_total": 1, "sent": 5, "skipped": {}, "added": 0, "removed": 0,
     }  # fmt: skip
     assert "not-an-address" not in submitted.text
     live.start_workers(1, 4)
@@ -198,6 +198,35 @@ def test_campaign_submit_status_and_conflict(client: httpx.Client, live: LocalSt
     none_valid = client.post("/v1/campaigns", json={**spec, "campaign_id": "x",
                                                     "recipients": ["secret.person"]})  # fmt: skip
     assert none_valid.status_code == 422 and "secret" not in none_valid.text
+
+
+def test_a_large_campaign_is_accepted_as_a_job_whose_status_is_the_campaigns(
+    client: httpx.Client, live: LocalStack
+) -> None:
+    people = [f"job{i}@example.com" for i in range(1500)]  # over the inline bound
+    spec = {"campaign_id": "spring-job", "tool": "send_email", "args": TEMPLATE,
+            "recipients": people}  # fmt: skip
+    accepted = client.post("/v1/campaigns", json=spec)
+    assert accepted.status_code == 202, accepted.text
+    job = accepted.json()
+    assert (job["state"], job["recipients"]) == ("accepted", 1500)
+    assert accepted.headers["location"] == job["status_url"]
+    assert job["status_url"] == f"/v1/campaigns/spring-job/jobs/{job['job_id']}"
+    done = poll_json(client, job["status_url"], lambda d: d["state"] in ("done", "failed"))
+    assert done["state"] == "done", done
+    assert (done["planned"], done["sent"], done["report"]["sent"]) == (1500, 1500, 1500)
+    assert done["campaign"]["counts"]["pending"] == 1500
+    assert done["campaign"]["approved_but_never_sent"] == 0
+    assert broker_messages(live)["live"] == 1500
+    # A changed list under the same plan version: the job fails as a conflict, sends nothing.
+    changed = client.post("/v1/campaigns", json={**spec, "recipients": [*people[1:], "x@y.io"]})
+    url = changed.json()["status_url"]
+    failed = poll_json(client, url, lambda d: d["state"] in ("done", "failed"))
+    assert failed["state"] == "failed" and failed["error"]["error"] == "conflict"
+    assert "changed recipient list" in failed["error"]["message"]
+    assert broker_messages(live)["live"] == 1500
+    missing = client.get("/v1/campaigns/spring-job/jobs/0123456789abcdef")
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
 
 
 def test_campaign_recipients_are_paged(client: httpx.Client) -> None:

@@ -98,3 +98,29 @@ def test_a_campaign_id_used_again_after_its_plan_expired_counts_from_zero(
     claim = ledger.claim(first, lease_s=30, holder="w/1", campaign=tag)
     ledger.commit(first.key, claim.token, {"id": "f0"}, retention_s=RETENTION_S)
     assert store.state_counts("camp-again")[State.DONE.value] == 1
+
+
+def test_staging_says_which_keys_are_new_and_the_digest_ignores_order(
+    ledger_server: RedisServer | LocalCluster,
+) -> None:
+    from dedupe.campaigns import PlanDigest
+
+    ledger = fresh_ledger(ledger_server.url)
+    store = CampaignStore(ledger)
+    keys = [charge("camp-stage", customer=f"g{i}").key for i in range(4)]
+    plan = CampaignPlan("camp-stage", "charge", "default", 1, 0, "", "", rows_id="0" * 16)
+    assert store.stage(plan, {k: "x" for k in keys[:3]}, TTL_S) == [True] * 3
+    assert store.stage(plan, {keys[1]: "y", keys[3]: "z"}, TTL_S) == [False, True]
+    assert store.plan_keys(plan) == set(keys)
+    forward, backward = PlanDigest(), PlanDigest()
+    for key in keys:
+        forward.add(key)
+    for key in reversed(keys):
+        backward.add(key)
+    assert forward.hexdigest() == backward.hexdigest() and forward.count == 4
+    fewer = PlanDigest()
+    for key in keys[:3]:
+        fewer.add(key)
+    assert fewer.hexdigest() != forward.hexdigest()
+    store.discard(plan)
+    assert store.plan_keys(plan) == set()

@@ -264,3 +264,93 @@ def test_plans_sent_sets_and_meta_expire_with_the_tools_retention(live: LocalSta
     for name in names:
         ttl_s = client.pttl(name) / 1000
         assert retention_s <= ttl_s <= 2 * retention_s + 60, (name, ttl_s)
+
+
+def _campaign_keys(campaign_id: str) -> list[str]:
+    from dedupe import campaign_tag
+
+    client = runtime.ledger().client
+    return list(client.scan_iter(match=f"effectq:campaign:{campaign_tag(campaign_id)}*"))
+
+
+def test_a_list_that_breaks_while_planning_sends_nothing_and_leaves_no_plan(
+    live: LocalStack,
+) -> None:
+    def recipients() -> Any:  # a file that turns out unreadable past its 2,500th row
+        yield from _people(2500)
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError):
+        submit_campaign("spring-10", "send_email", recipients(), TEMPLATE)
+    assert broker_messages(live)["live"] == 0
+    assert _campaign_keys("spring-10") == []  # no meta, no staged rows
+    with pytest.raises(Exception, match="no campaign"):
+        campaign_status("spring-10")
+
+
+def test_a_plan_frozen_before_rows_ids_is_adopted_compared_and_versioned(
+    live: LocalStack,
+) -> None:
+    # A plan as the earlier store froze it: rows under version + sorted-key fingerprint.
+    import hashlib
+
+    from dedupe import CampaignPlan
+
+    tool = get_tool("send_email")
+    effects = {tool.derive("spring-11", {"recipient": p}, None).key: p for p in _people(3)}
+    legacy = CampaignPlan(
+        "spring-11", "send_email", "receipt", 1, 3, _args_fingerprint(tool),
+        hashlib.sha256("\n".join(sorted(effects)).encode()).hexdigest(),
+    )  # fmt: skip
+    store = CampaignStore(runtime.ledger())
+    assert store.freeze(legacy, effects, ttl_s=3600)
+    again = submit_campaign("spring-11", "send_email", _people(3), TEMPLATE)
+    assert (again.plan_version, again.recipients, again.sent) == (1, 3, 3)
+    assert store.meta("spring-11") == legacy  # adopted as it was, not re-approved
+    with pytest.raises(ConflictError, match=r"\(\+1 -0 recipients\)"):
+        submit_campaign("spring-11", "send_email", _people(4), TEMPLATE)
+    v2 = submit_campaign("spring-11", "send_email", _people(4)[1:], TEMPLATE, plan_version=2)
+    # The two kept are still pending (no worker runs): sent again with the added one.
+    assert (v2.plan_version, v2.added, v2.removed, v2.sent) == (2, 1, 1, 3)
+    status = campaign_status("spring-11", page_size=100)
+    assert status["recipients_total"] == 3 and status["approved_but_never_sent"] == 0
+
+
+def _args_fingerprint(tool: Any) -> str:
+    """The args fingerprint submit_campaign computes for send_email (no bound field but
+    the recipient)."""
+    from workers.campaign import _sha
+
+    return _sha({"tool": tool.name, "action": "receipt", "bound": {}})
+
+
+def test_rejections_past_the_listed_thousand_are_counted(live: LocalStack) -> None:
+    report = submit_campaign("spring-12", "send_email", ["nope"] * 1200 + _people(1), TEMPLATE)
+    assert (report.recipients, report.sent, report.rejected_total) == (1, 1, 1200)
+    assert len(report.rejected) == 1000 and report.rejected[-1]["index"] == 999
+
+
+def test_cli_streams_a_file_whose_recipients_come_before_its_header(
+    live: LocalStack, tmp_path: Path
+) -> None:
+    path = tmp_path / "campaign.json"
+    recipients = json.dumps([*_people(2500), "Person0@Example.com"])
+    path.write_text(f'{{"recipients": {recipients}, "tool": "send_email", '
+                    f'"campaign_id": "cli-2", "args": {json.dumps(TEMPLATE)}}}')  # fmt: skip
+    done = _cli(live, "campaign", "submit", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["recipients"], report["collapsed"], report["sent"]) == (2500, 1, 2500)
+    for text, reason in (
+        ('{"campaign_id": "c", "tool": "send_email", "recipients": ["a@b.c"', "not JSON"),
+        ('{"campaign_id": "c", "tool": "send_email", "recipients": []}', "recipients"),
+        ('{"campaign_id": "c", "tool": "send_email", "recipients": "a@b.c"}', "recipients"),
+        ('{"campaign_id": "c", "tool": "send_email"}', "recipients"),
+        ('{"campaign_id": "c", "campaign_id": "d", "tool": "t", "recipients": [1]}', "twice"),
+        ('{"campaign_id": "c", "tool": "send_email", "recipients": [1], "x": 1}', "x"),
+        ('["a@b.c"]', "campaign file"),
+    ):
+        path.write_text(text)
+        bad = _cli(live, "campaign", "submit", str(path))
+        assert bad.returncode == 2 and reason in bad.stderr, (text, bad.stderr)
+    assert broker_messages(live)["live"] == 2500

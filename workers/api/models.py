@@ -135,10 +135,21 @@ class CampaignReport(BaseModel):
     recipients: int
     collapsed: int
     rejected: list[Rejected]
+    rejected_total: int = Field(description="all rejections; `rejected` lists the first 1000")
     sent: int
     skipped: dict[str, int]
     added: int
     removed: int
+
+
+class CampaignJobAccepted(BaseModel):
+    """``POST /v1/campaigns`` of a large campaign: the job that plans and fans it out."""
+
+    job_id: str
+    campaign_id: str
+    state: Literal["accepted"]
+    recipients: int
+    status_url: str
 
 
 class Recipient(BaseModel):
@@ -162,6 +173,28 @@ class CampaignStatus(BaseModel):
     recipients: list[Recipient]
     next_cursor: int = Field(description="pass as ?cursor= for the next page; 0 on the last")
     message: str | None
+
+
+class JobError(BaseModel):
+    error: str
+    message: str
+
+
+class CampaignJob(BaseModel):
+    """``GET /v1/campaigns/{id}/jobs/{job}``: the job, then the campaign's own status."""
+
+    job_id: str
+    campaign_id: str
+    state: Literal["accepted", "planning", "sending", "done", "failed", "lost"] = Field(
+        description="lost: its process stopped (submit the campaign again)"
+    )
+    recipients: int = Field(description="in the submitted list, before collapsing")
+    planned: int = Field(description="recipients read into the plan so far")
+    sent: int = Field(description="recipients fanned out so far")
+    updated_ms: int
+    report: CampaignReport | None = Field(description="once done")
+    error: JobError | None = None
+    campaign: CampaignStatus | None = Field(description="once its plan is approved")
 
 
 class WriteResult(BaseModel):

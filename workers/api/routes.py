@@ -7,8 +7,10 @@ ledger and broker clients belong.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
@@ -20,8 +22,10 @@ from dedupe import MessageError, State
 from .. import verbs
 from ..campaign import CampaignFile
 from ..producer import Status, WaitTimeout
+from ..runtime import current
 from . import models
 from .auth import ApiToken, Tokens
+from .jobs import CampaignJobs
 from .problems import ApiProblem
 
 if TYPE_CHECKING:
@@ -41,7 +45,7 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "the body is not UTF-8 text, or Content-Length is malformed",
         401: "no token, or an unknown one",
         403: "the token lacks this route's scope",
-        404: "no such effect or campaign",
+        404: "no such effect, campaign or campaign job",
         409: "refused by the state table, or a conflicting campaign",
         413: "request body over its bound",
         422: "invalid request: field errors, or arguments that name no effect",
@@ -168,19 +172,62 @@ _SUBMIT_STATUS = {
 }  # fmt: skip
 
 
+# A campaign of at most this many recipients is planned and fanned out in the request (its
+# report is the answer); a larger one runs as a job. One batch of the fan-out: a second.
+INLINE_RECIPIENTS = 1000
+_jobs_lock = threading.Lock()
+
+
+def _jobs(request: Request) -> CampaignJobs:
+    with _jobs_lock:  # one per app, made on first use
+        jobs: CampaignJobs | None = getattr(request.app.state, "campaign_jobs", None)
+        if jobs is None:
+            jobs = request.app.state.campaign_jobs = CampaignJobs(current())
+    return jobs
+
+
 @router.post(
     "/campaigns",
-    summary="Freeze and fan out a campaign",
+    summary="Freeze and fan out a campaign (a large one as a job)",
     status_code=202,
     responses={
-        202: {"model": models.CampaignReport, "description": "frozen and fanned out"},
+        202: {
+            "model": models.CampaignReport | models.CampaignJobAccepted,
+            "description": f"up to {INLINE_RECIPIENTS} recipients: frozen and fanned out, the "
+            "report; more: accepted as a job, its URL in Location and status_url",
+        },
         **_problems(409, *_AUTH),
     },
 )
 def submit_campaign(
-    caller: Submitter, spec: Annotated[CampaignFile, Body(openapi_examples=_CAMPAIGN_EXAMPLES)]
+    request: Request,
+    caller: Submitter,
+    spec: Annotated[CampaignFile, Body(openapi_examples=_CAMPAIGN_EXAMPLES)],
 ) -> JSONResponse:
-    return JSONResponse(verbs.submit_campaign_file(spec).as_dict(), status_code=202)
+    if len(spec.recipients) <= INLINE_RECIPIENTS:
+        return JSONResponse(verbs.submit_campaign_file(spec).as_dict(), status_code=202)
+    campaign_id, job_id = _jobs(request).start(spec)
+    url = f"/v1/campaigns/{quote(campaign_id, safe='')}/jobs/{job_id}"
+    body = {"job_id": job_id, "campaign_id": campaign_id, "state": "accepted",
+            "recipients": len(spec.recipients), "status_url": url}  # fmt: skip
+    return JSONResponse(body, status_code=202, headers={"Location": url})
+
+
+@router.get(
+    "/campaigns/{campaign_id}/jobs/{job_id}",
+    summary="A campaign job: its phase and progress, then the campaign's status",
+    responses={200: {"model": models.CampaignJob}, **_problems(404, *_AUTH)},
+)
+def get_campaign_job(
+    caller: Reader,
+    campaign_id: CampaignId,
+    job_id: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$", description="from status_url")],
+) -> JSONResponse:
+    try:
+        document = verbs.campaign_job(verbs.operator(), campaign_id, job_id)
+    except MessageError:  # the one MessageError campaign_job raises: no such job
+        raise ApiProblem(404, "not_found", "no such campaign job") from None
+    return JSONResponse(document)
 
 
 @router.get(
