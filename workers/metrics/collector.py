@@ -60,31 +60,68 @@ class LedgerCollector:
 
     def _queue_families(self) -> Iterator[Metric]:
         url = self._broker_url
-        if not url.startswith(("redis://", "rediss://", "unix://")) or not self._queues:
+        if not self._queues:
+            return
+        if url.startswith(("amqp://", "amqps://")):
+            sizes = self._rabbitmq_sizes(url)
+        elif url.startswith(("redis://", "rediss://", "unix://")):
+            sizes = self._redis_sizes(url)
+        else:
+            return
+        if sizes is None:
             return
         family = GaugeMetricFamily(
             "effectq_queue_messages",
-            "Messages the broker holds per queue: queued (not yet acked, in progress included), "
-            "delayed (retries waiting for their time), dead (dead-lettered).",
+            "Messages the broker holds per queue: queued (waiting; on Redis also those being "
+            "worked on, on RabbitMQ only those ready), delayed (retries waiting for their "
+            "time), dead (dead-lettered).",
             labels=["queue", "state"],
         )
+        for i, queue in enumerate(self._queues):
+            for j, state in enumerate(("queued", "delayed", "dead")):
+                family.add_metric([queue, state], sizes[3 * i + j])
+        yield family
+
+    def _names(self) -> list[str]:
+        return [f"{queue}{suffix}" for queue in self._queues for suffix in ("", ".DQ", ".XQ")]
+
+    def _redis_sizes(self, url: str) -> list[int] | None:
         try:
             if self._broker is None:
                 self._broker = redis.Redis.from_url(
                     url, socket_timeout=2.0, socket_connect_timeout=2.0
                 )
             pipe = self._broker.pipeline(transaction=False)
-            for queue in self._queues:
-                for suffix in ("", ".DQ", ".XQ"):
-                    pipe.hlen(queue_hash(f"{queue}{suffix}"))
-            sizes = pipe.execute()
+            for name in self._names():
+                pipe.hlen(queue_hash(name))
+            return [int(n) for n in pipe.execute()]
         except redis.RedisError as exc:
-            log.warning("metrics: cannot read the broker's queues: %s", exc)
-            return
-        for i, queue in enumerate(self._queues):
-            for j, state in enumerate(("queued", "delayed", "dead")):
-                family.add_metric([queue, state], int(sizes[3 * i + j]))
-        yield family
+            log.warning("metrics: cannot read the broker's queues: %s", type(exc).__name__)
+            return None
+
+    def _rabbitmq_sizes(self, url: str) -> list[int] | None:
+        """Ready messages per queue, by a passive declare on a connection of the scrape's
+        own (a queue not declared yet holds none)."""
+        import pika  # type: ignore[import-untyped]
+        import pika.exceptions  # type: ignore[import-untyped]
+
+        params = pika.URLParameters(url.split(";")[0])
+        params.socket_timeout = params.blocked_connection_timeout = 2.0
+        sizes: list[int] = []
+        try:
+            with pika.BlockingConnection(params) as connection:
+                for name in self._names():
+                    channel = connection.channel()
+                    try:
+                        declared = channel.queue_declare(queue=name, passive=True)
+                        sizes.append(int(declared.method.message_count))
+                        channel.close()
+                    except pika.exceptions.ChannelClosedByBroker:
+                        sizes.append(0)  # 404: not declared yet
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            log.warning("metrics: cannot read the broker's queues: %s", type(exc).__name__)
+            return None
+        return sizes
 
 
 def _lease_heads(ledger: Ledger) -> tuple[int, int | None, int]:
