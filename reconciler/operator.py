@@ -8,6 +8,8 @@ module adds the evidence rules and the audit trail.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +29,13 @@ from dedupe.states import CLAIMABLE
 
 __all__ = ["Operator"]
 
+log = logging.getLogger(__name__)
+
 MAX_TEXT = 200
+# A log line shows this much of an operator's reason (free text: it may quote anything);
+# the audit stream keeps it whole.
+LOGGED_REASON = 80
+_KEYS = re.compile(r"[0-9a-f]{64}")
 
 
 class Operator:
@@ -158,6 +166,12 @@ class Operator:
 
     def _audit(self, action: str, key: str, actor: str, reason: str, outcome: str) -> None:
         self.ledger.audit(action=action, key=key, actor=actor, reason=reason, outcome=outcome)
+        shown = _KEYS.sub(lambda m: m.group()[:12], outcome)
+        short = reason if len(reason) <= LOGGED_REASON else reason[:LOGGED_REASON] + "…"
+        log.info(
+            "operator %s on %s by %r: %s (reason %r)", action, key[:12], actor, shown, short,
+            extra={"key": key[:12], "actor": actor, "action": action, "outcome": shown},
+        )  # fmt: skip
 
 
 def _refusal(action: str, state: str | None) -> str:
