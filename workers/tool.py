@@ -412,6 +412,7 @@ class EffectTool:
             held.stop()  # a heartbeat racing the commit would count as a stale write
             with tracing.span("commit", tool=self.name, key=effect.key, token=claim.token):
                 self._commit(call, result)
+            log.debug("committed")  # the line names the effect (workers.logs)
         failpoint("after_commit")
 
     def _refuse_stale(self, ledger: Ledger, effect: Effect, age_s: float) -> None:
