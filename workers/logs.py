@@ -70,11 +70,18 @@ def annotate(*, key: str | None = None, token: int | None = None) -> None:
             fields["token"] = token
 
 
+# Dramatiq's actor logs every message's arguments at DEBUG (an envelope: key, recipients).
+_DRAMATIQ_ARGS = "Received args=%r kwargs=%r."
+
+
 class _EffectFields(logging.Filter):
     """Copies the current effect's fields onto each record (a field the caller passed in
-    ``extra`` wins), and shortens a ``key`` passed in ``extra`` to its prefix."""
+    ``extra`` wins), shortens a ``key`` passed in ``extra`` to its prefix, and drops the
+    arguments from Dramatiq's debug line about them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _DRAMATIQ_ARGS:
+            record.args = ("(redacted)", "(redacted)")
         fields: Mapping[str, Any] = _effect.get() or {}
         for name, value in fields.items():
             if not hasattr(record, name):
