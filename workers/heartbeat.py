@@ -109,7 +109,7 @@ class Heartbeat(dramatiq.Middleware):
             elif not withheld and self._consumers:
                 withheld = True
                 log.warning(
-                    "no progress for %.0fs (a thread died, or every worker thread is stuck "
+                    "no progress for %gs (a thread died, or every worker thread is stuck "
                     "in a message): heartbeat withheld",
                     self.stall_s,
                 )

@@ -107,7 +107,7 @@ class Supervisor:
         self._children: dict[int, _Child] = {}
         self._stopping = False
         self._env: dict[str, str] = dict(os.environ)
-        self._dir = Path(self.metrics_dir or ".")
+        self._dir: Path | None = None  # the pool's metrics directory, once run() made it
         self.restarts = WorkerRestarts()
         self._recent: deque[float] = deque()  # when each restart happened (monotonic)
         self._recent_lock = threading.Lock()  # the probes read it from their threads
@@ -121,6 +121,7 @@ class Supervisor:
         return cmd + self.extra_args
 
     def _spawn(self, slot: int, restarts: int = 0) -> None:
+        assert self._dir is not None, "children are spawned by run()"
         beat = self._dir / f"heartbeat-{slot}"
         beat.unlink(missing_ok=True)  # a predecessor's heartbeat is not this child's
         env = {**self._env, heartbeat.ENV: str(beat)}

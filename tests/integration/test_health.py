@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.stack import wait_for
 from workers.cli import reconciler_liveness
 from workers.dev.local import LocalStack
+from workers.heartbeat import Heartbeat
 from workers.metrics import ReconcilerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +99,47 @@ def test_a_tools_module_that_cannot_be_imported_makes_effectq_worker_exit_2(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("effectq: "), done.stderr
     assert "EFFECTQ_TOOLS" in lines[0] and "Traceback" not in done.stderr
+
+
+# -- the heartbeat ---------------------------------------------------------------------------
+
+
+def test_a_heartbeat_is_withheld_while_every_worker_thread_is_stuck_or_a_thread_died(
+    tmp_path: Path,
+) -> None:
+    # Dramatiq calls these hooks from the threads themselves; so do these two.
+    beat = Heartbeat(tmp_path / "heartbeat-0", stall_s=0.3)
+    go, release, quit_consumer = threading.Event(), threading.Event(), threading.Event()
+    entered = threading.Event()
+
+    def consume() -> None:
+        beat.after_consumer_thread_boot(None, threading.current_thread())  # type: ignore[arg-type]
+        quit_consumer.wait()
+
+    def work() -> None:  # one worker thread, stuck in its message until released
+        beat.after_worker_thread_boot(None, threading.current_thread())  # type: ignore[arg-type]
+        go.wait()
+        beat.before_process_message(None, None)  # type: ignore[arg-type]
+        entered.set()
+        release.wait()
+        beat.after_process_message(None, None)  # type: ignore[arg-type]
+        quit_consumer.wait()
+
+    assert not beat.progressing()  # nothing consumes yet: not ready
+    consumer = threading.Thread(target=consume, daemon=True)
+    for thread in (consumer, threading.Thread(target=work, daemon=True)):
+        thread.start()
+    beat.after_worker_boot(None, None)  # type: ignore[arg-type]
+    wait_for(beat.path.exists, timeout=10, what="the first heartbeat")
+    go.set()
+    assert entered.wait(10)
+    assert beat.progressing()  # it just started a message: progress
+    wait_for(lambda: not beat.progressing(), timeout=10, what="the stuck thread withholding it")
+    release.set()
+    wait_for(beat.progressing, timeout=10, what="progress again")
+    quit_consumer.set()  # the consumer thread ends: the queue is no longer read
+    consumer.join(10)
+    assert not beat.progressing()
 
 
 # -- a worker pool ---------------------------------------------------------------------------
