@@ -19,8 +19,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pythonjsonlogger.json import JsonFormatter
@@ -44,19 +43,31 @@ def key_prefix(key: str) -> str:
     return key[:KEY_PREFIX]
 
 
-@contextmanager
-def effect(*, tool: str, key: str | None = None, message_id: str | None = None) -> Iterator[None]:
+class _Effect:
+    """The context of ``effect``: a class, not a generator, as it runs once per message."""
+
+    __slots__ = ("_fields", "_reset")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+        self._reset: contextvars.Token[dict[str, Any] | None] | None = None
+
+    def __enter__(self) -> None:
+        self._reset = _effect.set(self._fields)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._reset is not None:
+            _effect.reset(self._reset)
+
+
+def effect(*, tool: str, key: str | None = None, message_id: str | None = None) -> _Effect:
     """Every line logged inside carries these fields (the key as its prefix only)."""
     fields: dict[str, Any] = {"tool": tool}
     if key is not None:
         fields["key"] = key_prefix(key)
     if message_id is not None:
         fields["message_id"] = message_id
-    reset = _effect.set(fields)
-    try:
-        yield
-    finally:
-        _effect.reset(reset)
+    return _Effect(fields)
 
 
 def annotate(*, key: str | None = None, token: int | None = None) -> None:

@@ -2,6 +2,7 @@
 tracing off and on, alternating, in one run.
 
     python tests/bench/tracing_bench.py [--n N] [--rounds R] [--processes P] [--threads T]
+                                        [--baseline CHECKOUT]
 
 Built on ``worker_bench.py`` (same stack, fill, drain timing and CPU accounting; read its
 docstring); the pools import ``tests.bench.traced_tools`` (``bench_tools`` with tracing set
@@ -13,8 +14,11 @@ up as ``workers.entry`` does):
   the bytes): four spans per message (process, claim, effect, commit), batched and
   exported by the SDK's BatchSpanProcessor.
 
-The ratio on/off of msgs/s is the cost of tracing on; "off" against the bare numbers of
-``worker_bench.py`` is not measured here (the hooks cannot be removed at run time).
+* **base** (with ``--baseline``, e.g. ``git worktree add /tmp/effectq-base <commit>``): the
+  pools run that other checkout's code (its ``tests.bench.bench_tools``, from its own
+  directory) on the same stack — a build without the hooks, to measure what "off" costs.
+
+The ratio on/off of msgs/s is the cost of tracing on; off/base the cost of the hooks off.
 """
 
 from __future__ import annotations
@@ -69,31 +73,35 @@ class Sink:
 
 
 class TracingBench(Bench):
-    def __init__(self, stack: LocalStack, processes: int, threads: int, sink: Sink) -> None:
+    def __init__(
+        self, stack: LocalStack, processes: int, threads: int, sink: Sink, baseline: Path | None
+    ) -> None:
         super().__init__(stack, processes, threads)
         self.sink = sink
-        self.on = False
+        self.baseline = baseline
+        self.mode = "off"
 
     def start_pool(self, queue: str, log: Path) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "dramatiq", TOOLS_MODULE]
+        base = self.mode == "base"
+        root = self.baseline if base and self.baseline is not None else _ROOT
+        module = "tests.bench.bench_tools" if base else TOOLS_MODULE
+        cmd = [sys.executable, "-m", "dramatiq", module]
         cmd += ["-p", str(self.processes), "-t", str(self.threads), "-Q", queue]
-        path = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
-        env = self.stack.env(
-            PYTHONPATH=path, EFFECTQ_OTEL_ENDPOINT=self.sink.url if self.on else ""
-        )
+        endpoint = self.sink.url if self.mode == "on" else ""
+        env = self.stack.env(PYTHONPATH=str(root), EFFECTQ_OTEL_ENDPOINT=endpoint)
         with open(log, "ab") as out:
             return subprocess.Popen(
-                cmd, cwd=_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
 
 
 def median(runs: list[Run], attr: str) -> float:
-    return statistics.median(getattr(r, attr) for r in runs)
+    return float(statistics.median(getattr(r, attr) for r in runs))
 
 
 def per_msg(runs: list[Run], attr: str) -> float:
-    return sum(getattr(r, attr) for r in runs) / sum(r.messages for r in runs)
+    return float(sum(getattr(r, attr) for r in runs) / sum(r.messages for r in runs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="on+off rounds")
     parser.add_argument("--processes", "-p", type=int, default=2)
     parser.add_argument("--threads", "-t", type=int, default=8)
+    parser.add_argument("--baseline", type=Path, help="another checkout, run as 'base'")
     opts = parser.parse_args(argv)
     if opts.n < 10 or opts.rounds < 1:
         parser.error("--n must be at least 10 and --rounds positive")
+    modes = ("on", "off", "base") if opts.baseline else ("on", "off")
 
-    runs: dict[str, list[Run]] = {"on": [], "off": []}
+    runs: dict[str, list[Run]] = {mode: [] for mode in modes}
     sink = Sink()
     wall = time.perf_counter()
     with LocalStack(env=BENCH_ENV) as stack:
@@ -114,17 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         admin = redis.Redis.from_url(stack.ledger_url, decode_responses=True)
         admin.config_set("auto-aof-rewrite-percentage", 0)
         server = admin.info("server")
-        bench = TracingBench(stack, opts.processes, opts.threads, sink)
+        bench = TracingBench(stack, opts.processes, opts.threads, sink, opts.baseline)
         phase = 0
-        for mode in ("on", "off"):  # unmeasured warm-up of both
-            bench.on = mode == "on"
+        for mode in modes:  # unmeasured warm-up of each
+            bench.mode = mode
             bench.phase("guarded", phase, min(WARMUP, opts.n))
             phase += 1
         exported = sink.bytes
         for rnd in range(opts.rounds):
-            # Alternate which goes first, so a drift over the run does not favour one.
-            for mode in ("on", "off") if rnd % 2 == 0 else ("off", "on"):
-                bench.on = mode == "on"
+            # Rotate which goes first, so a drift over the run does not favour one.
+            for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:
+                bench.mode = mode
                 run = bench.phase("guarded", phase, opts.n)
                 run.kind, run.round = mode, rnd
                 runs[mode].append(run)
@@ -146,14 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(header)
     print("-" * len(header))
-    for r in sorted([*runs["on"], *runs["off"]], key=lambda r: (r.round, r.kind)):
+    for r in sorted([r for rs in runs.values() for r in rs], key=lambda r: (r.round, r.kind)):
         print(
             f"{r.round:>5} {r.kind:<7} {r.messages:>6} {r.seconds:>8.2f} {r.per_s:>8.0f} "
             f"{r.steady_per_s:>9.0f} {r.pool_cpu_s / r.messages * 1e6:>12.0f}"
         )
     print("-" * len(header))
-    for mode in ("on", "off"):
-        rs = runs[mode]
+    for mode, rs in runs.items():
         print(
             f"{'med':>5} {mode:<7} {'':>6} {'':>8} {median(rs, 'per_s'):>8.0f} "
             f"{median(rs, 'steady_per_s'):>9.0f} {per_msg(rs, 'pool_cpu_s') * 1e6:>12.0f}"
@@ -162,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ratio on/off, msgs/s':<28} {ratio:>6.3f}")
     print(f"{'ratio on/off, steady/s':<28} {steady:>6.3f}")
     print(f"{'ratio on/off, cpu/msg':<28} {cpu:>6.3f}")
+    off_base = off_base_steady = off_base_cpu = None
+    if runs.get("base"):
+        off_base = median(runs["off"], "per_s") / median(runs["base"], "per_s")
+        off_base_steady = median(runs["off"], "steady_per_s") / median(runs["base"], "steady_per_s")
+        off_base_cpu = per_msg(runs["off"], "pool_cpu_s") / per_msg(runs["base"], "pool_cpu_s")
+        print(f"{'ratio off/base, msgs/s':<28} {off_base:>6.3f}")
+        print(f"{'ratio off/base, steady/s':<28} {off_base_steady:>6.3f}")
+        print(f"{'ratio off/base, cpu/msg':<28} {off_base_cpu:>6.3f}")
     result = {
         "bench": "tracing",
         "n": opts.n,
@@ -174,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         "steady_ratio": round(steady, 3),
         "cpu_ratio": round(cpu, 3),
         "otlp_bytes": exported,
+        "off_base_ratio": None if off_base is None else round(off_base, 3),
+        "off_base_steady_ratio": None if off_base_steady is None else round(off_base_steady, 3),
+        "off_base_cpu_ratio": None if off_base_cpu is None else round(off_base_cpu, 3),
     }
     print(json.dumps(result))
     return 0
