@@ -34,6 +34,7 @@ from dedupe import (
 from dedupe.campaigns import normalize_campaign_id
 from dedupe.failpoints import failpoint
 
+from . import tracing
 from .broker.fanout import enqueue_many
 from .producer import confirm_pending
 from .registry import get_tool
@@ -161,7 +162,8 @@ def submit_campaign(
     rows = {key: str(e.normalized[recipient]) for key, e in effects.items()}
     plan = _approve(store, plan, plan_version, rows, ttl_s, report)
     report.plan_version = plan.version
-    _fan_out(target, plan, list(effects.values()), store, report, progress, ttl_s)
+    with tracing.span("fan_out", tool=target.name, producer=True):
+        _fan_out(target, plan, list(effects.values()), store, report, progress, ttl_s)
     return report
 
 
@@ -266,10 +268,16 @@ def _fan_out(
     cfg = tool.runtime.settings
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
+    # Every message continues the fan-out's trace (workers.tracing; none when it is off).
+    carried = tracing.traceparent()
+    options: dict[str, Any] = {tracing.TRACEPARENT: carried} if carried is not None else {}
     for lo in range(0, len(effects), BATCH):
         batch = effects[lo : lo + BATCH]
         messages = {
-            e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
+            e.key: tool.actor.message_with_options(
+                args=(Envelope.of(e, campaign=tag).model_dump(),), **options
+            )
+            for e in batch
         }
         # force: a pending marker may stand for a message a crash lost; a second message
         # for one effect is harmless, the claim decides. The markers are reservations until

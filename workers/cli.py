@@ -843,6 +843,9 @@ def campaign_submit(
         fail(2, f"cannot read the campaign file: {exc.strerror}")
     except ValidationError as exc:
         fail(2, _validation_reason(exc, "campaign file"))
+    from . import tracing
+
+    tracing.configure(_settings())
     _install()
     with _fan_out_bar(len(spec.recipients), quiet=as_json) as advance:
         report = submit_campaign_file(spec, progress=advance)

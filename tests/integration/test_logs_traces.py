@@ -39,8 +39,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dedupe import State
 from reconciler import Reconciler
-from tests.support.stack import wait_for, wait_states
-from workers import get_tool, logs, registry, runtime, submit, tracing
+from tests.support.stack import broker_client, wait_for, wait_states
+from workers import get_tool, logs, registry, runtime, submit, submit_campaign, tracing
 from workers.dev.local import LocalStack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,6 +214,24 @@ def test_a_trace_runs_from_submit_through_claim_effect_and_commit(
     assert handle.key not in values and not any(ARGS["customer"] in v for v in values)
     # For the report: the trace as received.
     sys.stderr.write(json.dumps(sorted(trace, key=lambda s: s["name"]), indent=1) + "\n")
+
+
+def test_every_message_of_a_campaign_fan_out_continues_its_trace(live: LocalStack) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        people = [f"person-{i}@example.com" for i in range(5)]
+        report = submit_campaign("traced-1", "send_email", people, {"subject": "s", "body": "b"})
+    finally:
+        tracing.uninstall()
+    assert report.sent == 5
+    (fan_out,) = [s for s in exporter.get_finished_spans() if s.name == "fan_out"]
+    trace_id = f"{fan_out.context.trace_id:032x}"
+    queued = broker_client(live).hvals("dramatiq:effectq.msgs")
+    carried = [json.loads(m)["options"].get(tracing.TRACEPARENT, "") for m in queued]
+    assert len(carried) == 5 and all(tp.split("-")[1] == trace_id for tp in carried), carried
 
 
 def test_the_reconcilers_lookup_is_a_span_with_the_key_prefix_only(live: LocalStack) -> None:
