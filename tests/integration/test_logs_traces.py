@@ -178,6 +178,32 @@ def test_a_text_line_carries_the_effect_fields_inside_a_message() -> None:
     assert outside.endswith("workers.tool outside") and key not in inside
 
 
+def test_an_operator_action_is_logged_with_the_key_prefix_and_a_bounded_reason(
+    live: LocalStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    from reconciler import Operator
+
+    ledger = runtime.ledger()
+    effect = get_tool("charge").derive("order-logs-2", ARGS)
+    ledger.claim(effect, lease_s=0.05, holder="a holder that died")
+    taken: list[Any] = []
+
+    def take_over() -> bool:
+        taken.append(ledger.takeover(effect.key, lease_s=30, holder="a reconciler"))
+        return taken[-1] is not None
+
+    wait_for(take_over, timeout=10, what="the expired claim taken over")
+    ledger.mark_unknown(effect.key, taken[-1].token, reason="lookup never answered")
+    reason = "the provider's dashboard shows no charge; ticket 4711. " * 3
+    with caplog.at_level(logging.INFO, logger="reconciler.operator"):
+        Operator(ledger).resolve(effect.key, executed=False, actor="alice", reason=reason)
+    (record,) = [r for r in caplog.records if r.name == "reconciler.operator"]
+    line = record.getMessage()
+    assert line.startswith(f"operator resolve_failed on {effect.key[:12]} by 'alice': ok: FAILED")
+    assert effect.key not in line and len(line) < 200 and reason not in line
+    assert record.key == effect.key[:12] and record.outcome.startswith("ok: FAILED")  # type: ignore[attr-defined]
+
+
 # -- traces ----------------------------------------------------------------------------------
 
 
