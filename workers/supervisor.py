@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -76,8 +75,6 @@ class _Child:
             return False, now - self.spawned_at
 
 
-_SECONDS = re.compile(r"\b[\d.]+s\b")
-
 #: What each child imports: its runtime from the environment, with EFFECTQ_TOOLS bound.
 ENTRY = "workers.entry"
 
@@ -115,7 +112,6 @@ class Supervisor:
         self._recent: deque[float] = deque()  # when each restart happened (monotonic)
         self._recent_lock = threading.Lock()  # the probes read it from their threads
         self._ledger: Ledger | None = None
-        self._told: list[str] = []  # the liveness problems last logged
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "dramatiq", ENTRY, "-p", "1", "-t", str(self.threads)]
@@ -249,17 +245,4 @@ class Supervisor:
                     alive += 1
             if self._stopping and alive == 0:
                 return 0
-            self._log_health()
             time.sleep(0.2)
-
-    def _log_health(self) -> None:
-        """Say when liveness starts and stops failing, and why: the platform's restart
-        follows, and this line is what tells an operator the reason."""
-        problems = [] if self._stopping else list(self._problems())
-        # The same problems with other ages are no news: compared without the seconds.
-        gist = [_SECONDS.sub("…", p) for p in problems]
-        if problems and gist != self._told:
-            log.error("unhealthy: %s", "; ".join(problems))
-        elif not problems and self._told:
-            log.info("healthy again")
-        self._told = gist

@@ -169,11 +169,6 @@ def test_a_stalled_child_makes_healthz_fail_until_it_runs_again(
         os.kill(frozen, signal.SIGCONT)
     assert wait_status(port, "/healthz", 200, timeout=30) == "ok\n"
     assert restarts(port) == 0
-    # The supervisor said so in its log (a slow boot on a loaded machine may have
-    # overrun these 2 s before: "no first heartbeat").
-    wait_for(lambda: "healthy again" in stack.log("workers.log"), timeout=10, what="the log")
-    told = [x for x in stack.log("workers.log").splitlines() if "stalled: no heartbeat" in x]
-    assert told and all(" ERROR " in x for x in told), told
 
 
 def test_restarts_are_counted_and_too_many_make_healthz_fail(
