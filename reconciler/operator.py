@@ -10,6 +10,7 @@ module adds the evidence rules and the audit trail.
 from __future__ import annotations
 
 import builtins
+import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +31,8 @@ from dedupe.states import CLAIMABLE
 
 __all__ = ["Operator"]
 
+log = logging.getLogger(__name__)
+
 MAX_TEXT = 200
 # A filtered stream page reads at most this many entries before it answers with what it
 # found and a cursor to go on from: a rare actor or tool never makes one request unbounded.
@@ -37,6 +40,9 @@ SCAN_BOUND = 10_000
 # The states with an index to page through (the others expire, and only a scan finds them).
 _HEX = re.compile(r"[0-9a-f]{64}")
 _INDEX = {State.UNKNOWN: "unknown", State.CLAIMED: "leases", State.RECONCILING: "leases"}
+# A log line shows this much of an operator's reason (free text: it may quote anything);
+# the audit stream keeps it whole.
+LOGGED_REASON = 80
 
 
 class Operator:
@@ -310,6 +316,12 @@ class Operator:
 
     def _audit(self, action: str, key: str, actor: str, reason: str, outcome: str) -> None:
         self.ledger.audit(action=action, key=key, actor=actor, reason=reason, outcome=outcome)
+        shown = _HEX.sub(lambda m: m.group()[:12], outcome)
+        short = reason if len(reason) <= LOGGED_REASON else reason[:LOGGED_REASON] + "…"
+        log.info(
+            "operator %s on %s by %r: %s (reason %r)", action, key[:12], actor, shown, short,
+            extra={"key": key[:12], "actor": actor, "action": action, "outcome": shown},
+        )  # fmt: skip
 
 
 def _refusal(action: str, state: str | None) -> str:

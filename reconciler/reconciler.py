@@ -33,6 +33,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -50,7 +51,7 @@ from dedupe import (
 from dedupe.failpoints import failpoint
 from dedupe.spec import DEFAULT_RETENTION_S
 
-__all__ = ["Decision", "Observer", "Reconciler", "decide"]
+__all__ = ["Decision", "Observer", "Reconciler", "Tracer", "decide"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,19 @@ class _Silent:
 
     def pass_finished(self) -> None:
         return None
+
+
+class Tracer(Protocol):
+    """Spans around the provider lookups (``workers.tracing.Spans``: OpenTelemetry when it
+    is on); attributes are the tool, the key's prefix and the token, never the key."""
+
+    def span(self, name: str, *, tool: str, key: str, token: int) -> AbstractContextManager[object]:
+        """A span named ``name`` around what the ``with`` block does."""
+
+
+class _Untraced:
+    def span(self, name: str, *, tool: str, key: str, token: int) -> AbstractContextManager[object]:
+        return nullcontext()
 
 
 @dataclass(frozen=True)
@@ -144,9 +158,11 @@ class Reconciler:
         batch: int = 100,
         holder: str | None = None,
         observer: Observer | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.ledger = ledger
         self.observer: Observer = observer or _Silent()
+        self.tracer: Tracer = tracer or _Untraced()
         self.specs = dict(specs)
         self.lease_s = lease_s
         self.budget = budget
@@ -177,7 +193,8 @@ class Reconciler:
         if spec is not None and spec.lookup is not None:
             failpoint("before_lookup")
             try:
-                result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
+                with self.tracer.span("lookup", tool=takeover.tool, key=key, token=takeover.token):
+                    result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
             except Exception as exc:
                 # A tool's own lookup code is outside effectq: a bug there is an unanswered
                 # question (retried within the budget, then UNKNOWN), never a dead reconciler.
@@ -210,7 +227,10 @@ class Reconciler:
         self.observer.resolved(takeover.tool, decision.action, write.fenced)
         if write.fenced:
             return "fenced"
-        log.info("%s %s: %s", decision.action, key[:12], decision.reason)
+        log.info(
+            "%s %s: %s", decision.action, key[:12], decision.reason,
+            extra={"tool": takeover.tool, "key": key[:12], "token": takeover.token},
+        )  # fmt: skip
         return decision.action
 
     def owned_buckets(self, members: list[str]) -> list[int]:

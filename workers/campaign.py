@@ -39,6 +39,7 @@ from dedupe import (
 from dedupe.campaigns import PlanDigest, normalize_campaign_id
 from dedupe.failpoints import failpoint
 
+from . import tracing
 from .broker.fanout import enqueue_many
 from .producer import confirm_pending
 from .registry import get_tool
@@ -256,7 +257,8 @@ def submit_campaign(
         report.plan_version = plan.version
         report.recipients = plan.count
         spool.seek(0)
-        _fan_out(target, plan, planner.spooled(), store, report, progress, ttl_s)
+        with tracing.span("fan_out", tool=target.name, producer=True):
+            _fan_out(target, plan, planner.spooled(), store, report, progress, ttl_s)
     return report
 
 
@@ -486,6 +488,9 @@ def _fan_out(
     cfg = tool.runtime.settings
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
+    # Every message continues the fan-out's trace (workers.tracing; none when it is off).
+    carried = tracing.traceparent()
+    options: dict[str, Any] = {tracing.TRACEPARENT: carried} if carried is not None else {}
 
     def send(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
         enqueue_many(tool.actor.broker, messages)
@@ -502,7 +507,10 @@ def _fan_out(
         sending: Future[None] | None = None
         for batch in batches:
             messages = {
-                e.key: tool.actor.message(Envelope.of(e, campaign=tag).model_dump()) for e in batch
+                e.key: tool.actor.message_with_options(
+                    args=(Envelope.of(e, campaign=tag).model_dump(),), **options
+                )
+                for e in batch
             }
             # force: a pending marker may stand for a message a crash lost; a second message
             # for one effect is harmless, the claim decides. The markers are reservations

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
     from reconciler import Operator
 
+    from .metrics import ReconcilerMetrics
+    from .metrics.server import Check
     from .settings import Settings
 
 # A worker pool's supervisor serves metrics on EFFECTQ_METRICS_PORT (default 9191); a
@@ -503,13 +505,12 @@ def worker(
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run a supervised pool of Dramatiq worker processes for the tools in EFFECTQ_TOOLS."""
-    import logging
-
+    from . import logs
     from .settings import ledger_from_settings
     from .supervisor import Supervisor
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _settings()
+    logs.setup(cfg)
     # A tools module that cannot be imported fails here, once, with exit 2 (a crash loop
     # the platform shows), not in every child the supervisor would restart for ever.
     load_tools()
@@ -542,10 +543,12 @@ def submit(
     as_json: Json = False,
 ) -> None:
     """Submit one tool call (deduplicated before the broker)."""
+    from . import tracing
     from .producer import Status
     from .verbs import await_receipt, submit_call
 
     args = _parse_args(arg or [])
+    tracing.configure(_settings())
     _install()
     handle = submit_call(tool, scope=scope, action=action, args=args)
     if wait is not None:
@@ -577,28 +580,30 @@ def reconciler(
     as_json: Json = False,
 ) -> None:
     """Resolve expired claims against the providers' lookups (never enqueues work)."""
-    import logging
     import signal
     import threading
 
     from reconciler.reconciler import Reconciler
 
-    from . import metrics, registry
+    from . import logs, metrics, registry, tracing
     from .runtime import configure_process
     from .settings import ledger_from_settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _settings()
+    logs.setup(cfg)
+    tracing.configure(cfg)
     configure_process(cfg)
     load_tools()
     ledger = ledger_from_settings(cfg)
+    observer = metrics.ReconcilerMetrics()
     pool = Reconciler(
         ledger,
         registry.specs(),
         lease_s=cfg.reconciler_lease_s,
         budget=cfg.reconciler_budget,
         backoff_s=cfg.reconciler_backoff_s,
-        observer=metrics.ReconcilerMetrics(),
+        observer=observer,
+        tracer=tracing.spans(),
     )
     if once:
         outcomes = pool.run_once()
@@ -607,18 +612,44 @@ def reconciler(
         else:
             line(words(dict(outcomes)))
         return
-    from .metrics.server import serve
+    from .metrics.server import ledger_answers, serve
 
     port = reconciler_metrics_port(cfg, metrics_port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server = serve(port, cfg.metrics_host, lambda: ledger)  # port 0: none
+    server = serve(  # port 0: none
+        port, cfg.metrics_host, lambda: ledger,
+        # A pass lasts as long as its batch's lookups: never less than the stall time.
+        health=reconciler_liveness(
+            observer, max(interval * cfg.reconciler_stall_intervals, cfg.health_stall_s)
+        ),
+        ready=lambda: ledger_answers(lambda: ledger),
+    )  # fmt: skip
     try:
         pool.run(interval_s=interval, stop=stop)
     finally:
         if server is not None:
             server.close()
+
+
+def reconciler_liveness(observer: ReconcilerMetrics, limit_s: float) -> Callable[[], Check]:
+    """/healthz of a reconciler: a pass finished within ``limit_s`` (the first one is due
+    that long after the start)."""
+    import time
+
+    from .metrics.server import Check
+
+    started = time.monotonic()
+
+    def check() -> Check:
+        since = observer.last_pass if observer.last_pass is not None else started
+        age = time.monotonic() - since
+        if age <= limit_s:
+            return Check(True)
+        return Check(False, (f"no reconciler pass finished for {age:.0f}s (limit {limit_s:g}s)",))
+
+    return check
 
 
 def reconciler_metrics_port(cfg: Settings, option: int | None) -> int:
@@ -643,17 +674,17 @@ def api(
     ] = False,
 ) -> None:
     """Serve the producer HTTP API and the operator console (docs/api.md)."""
-    import logging
-
     _extra("api", "fastapi", "jinja2", "uvicorn")
+    from . import logs, tracing
     from .api.app import create_app, openapi_document, serve
     from .settings import ledger_from_settings
 
     if openapi:
         sys.stdout.write(json.dumps(openapi_document(), indent=2) + "\n")
         return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _settings()
+    logs.setup(cfg)
+    tracing.configure(cfg)
     load_tools()
     try:
         application = create_app(cfg)
@@ -990,6 +1021,9 @@ def campaign_submit(
         fail(2, _validation_reason(exc, "campaign file"))
     except MessageError as exc:
         fail(2, exc.message)
+    from . import tracing
+
+    tracing.configure(_settings())
     _install()
     with _campaign_bars(source.count, quiet=as_json) as (planning, advance):
         report = submit_campaign_source(source, progress=advance, planning=planning)

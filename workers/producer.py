@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from dedupe import (
     ConflictError,
+    Effect,
     EffectqError,
     EffectRecord,
     Ledger,
@@ -26,6 +27,7 @@ from dedupe import (
 )
 from dedupe.failpoints import failpoint
 
+from . import tracing
 from .registry import get_tool
 from .runtime import Runtime, current
 from .tool import EffectTool, Envelope
@@ -136,7 +138,15 @@ def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **a
     (the current one if it is not bound yet). Bad arguments raise an IdentityError."""
     target = get_tool(tool) if isinstance(tool, str) else tool
     effect = target.derive(scope, args, action)
+    with tracing.span("submit", tool=target.name, key=effect.key, producer=True):
+        return _submit(target, effect)
+
+
+def _submit(target: EffectTool, effect: Effect) -> Handle:
     message = target.actor.message(Envelope.of(effect).model_dump())
+    carried = tracing.traceparent()
+    if carried is not None:  # the worker's spans continue this trace (workers.tracing)
+        message = message.copy(options={**message.options, tracing.TRACEPARENT: carried})
     rt = target.runtime
     ledger = rt.ledger()
     cfg = rt.settings

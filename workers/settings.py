@@ -3,9 +3,9 @@ process starts (``Settings()``) and handed on: nothing reads it again behind the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -37,6 +37,24 @@ class Settings(BaseSettings):
     metrics_host: str = "0.0.0.0"
     metrics_dir: str = ""
     metrics_enabled: bool = True
+    # Health (docs/observability.md). A worker pool's /healthz fails when a child is dead and
+    # not restarted, when a child sent no heartbeat for `health_stall_s` (its consumer
+    # stopped, or every worker thread has been inside one message that long: keep it above
+    # the longest tool call), or after more than `health_max_restarts` restarts within
+    # `health_restart_window_s`. A reconciler's fails when no pass finished within
+    # `reconciler_stall_intervals` times its --interval, and never sooner than
+    # `health_stall_s` (a pass takes as long as its lookups).
+    health_stall_s: float = Field(default=60.0, gt=0)
+    health_max_restarts: int = Field(default=5, ge=0)
+    health_restart_window_s: float = Field(default=300.0, gt=0)
+    reconciler_stall_intervals: int = Field(default=5, ge=1)
+    # Logs of every effectq process: one line per record, as JSON objects or as text.
+    log_format: Literal["json", "text"] = "text"
+    log_level: Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"] = "INFO"
+    # OpenTelemetry traces over OTLP/HTTP (extra [otel]) to this base URL (the exporter
+    # posts to <endpoint>/v1/traces); empty: off, and the worker path pays nothing.
+    otel_endpoint: str = ""
+    otel_service_name: str = "effectq"
     queue: str = "effectq"
     # Dramatiq's Redis broker requeues a dead worker's messages only after this heartbeat
     # timeout, and only during a maintenance pass (chance per million commands). On
@@ -73,6 +91,16 @@ class Settings(BaseSettings):
     api_max_campaign_bytes: int = 16 * 1024 * 1024
     api_session_s: float = 8 * 3600.0
     api_cookie_secure: bool = True
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value  # info == INFO
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _format_lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
 
 def ledger_from_settings(cfg: Settings) -> Ledger:

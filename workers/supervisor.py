@@ -19,6 +19,14 @@ Metrics: the supervisor gives its children a prometheus-client multiprocess dire
 its own (``PROMETHEUS_MULTIPROC_DIR`` in their environment, so it is set before any of
 them imports prometheus-client), serves the sum over it with the ledger's scrape-time
 series on ``EFFECTQ_METRICS_PORT``, and reaps the files of dead worker processes.
+
+Health, on the same port (docs/observability.md): each child's worker process touches a
+heartbeat file of its own in that directory while it makes progress (``workers.heartbeat``).
+``/healthz`` fails while a child is dead and not yet restarted, when a child's heartbeat is
+older than ``EFFECTQ_HEALTH_STALL_S`` (its first one counts from its start), and after more
+than ``EFFECTQ_HEALTH_MAX_RESTARTS`` restarts within ``EFFECTQ_HEALTH_RESTART_WINDOW_S``;
+``/readyz`` fails until every child consumes and while the ledger does not answer.
+``effectq_worker_restarts_total`` counts the restarts.
 """
 
 from __future__ import annotations
@@ -28,12 +36,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import heartbeat
+from .metrics import WorkerRestarts
 from .metrics import server as metrics
 from .settings import Settings, ledger_from_settings
 
@@ -49,8 +61,18 @@ log = logging.getLogger("effectq.worker")
 class _Child:
     slot: int
     proc: subprocess.Popen[bytes]
+    beat: Path
     started: float = field(default_factory=time.monotonic)
     restarts: int = 0
+    # Wall clock, as the heartbeat file's mtime is: its first heartbeat is due from here.
+    spawned_at: float = field(default_factory=time.time)
+
+    def heartbeat_age(self, now: float) -> tuple[bool, float]:
+        """(whether it has sent one, seconds since the last one or since the spawn)."""
+        try:
+            return True, now - self.beat.stat().st_mtime
+        except OSError:
+            return False, now - self.spawned_at
 
 
 #: What each child imports: its runtime from the environment, with EFFECTQ_TOOLS bound.
@@ -85,6 +107,11 @@ class Supervisor:
         self._children: dict[int, _Child] = {}
         self._stopping = False
         self._env: dict[str, str] = dict(os.environ)
+        self._dir: Path | None = None  # the pool's metrics directory, once run() made it
+        self.restarts = WorkerRestarts()
+        self._recent: deque[float] = deque()  # when each restart happened (monotonic)
+        self._recent_lock = threading.Lock()  # the probes read it from their threads
+        self._ledger: Ledger | None = None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "dramatiq", ENTRY, "-p", "1", "-t", str(self.threads)]
@@ -97,9 +124,70 @@ class Supervisor:
         return cmd + self.extra_args
 
     def _spawn(self, slot: int, restarts: int = 0) -> None:
-        proc = subprocess.Popen(self.command(), env=self._env)
-        self._children[slot] = _Child(slot, proc, restarts=restarts)
+        assert self._dir is not None, "children are spawned by run()"
+        beat = self._dir / f"heartbeat-{slot}"
+        beat.unlink(missing_ok=True)  # a predecessor's heartbeat is not this child's
+        env = {**self._env, heartbeat.ENV: str(beat)}
+        proc = subprocess.Popen(self.command(), env=env)
+        self._children[slot] = _Child(slot, proc, beat, restarts=restarts)
         log.info("worker %d started (pid %d)", slot, proc.pid)
+
+    # -- probes (called from the metrics server's threads) ------------------------------
+
+    def _problems(self) -> Iterator[str]:
+        now = time.time()
+        stall_s = self.settings.health_stall_s
+        for child in list(self._children.values()):
+            code = child.proc.poll()
+            if code is not None:
+                yield f"worker {child.slot} exited with {code}, not restarted yet"
+                continue
+            sent, age = child.heartbeat_age(now)
+            if age > stall_s:
+                what = "heartbeat" if sent else "first heartbeat"
+                yield f"worker {child.slot} stalled: no {what} for {age:.0f}s (limit {stall_s:g}s)"
+        window = self.settings.health_restart_window_s
+        with self._recent_lock:
+            recent = sum(1 for at in self._recent if time.monotonic() - at <= window)
+        if recent > self.settings.health_max_restarts:
+            yield (
+                f"{recent} restarts within {window:g}s (limit {self.settings.health_max_restarts})"
+            )
+
+    def health(self) -> metrics.Check:
+        """Liveness: no dead, stalled or crash-looping child (always ok while draining)."""
+        if self._stopping:
+            return metrics.Check(True, ("draining",))
+        return metrics.Check.of(self._problems())
+
+    def ready(self) -> metrics.Check:
+        """Readiness: every child consumes (it sent a heartbeat) and the ledger answers."""
+        if self._stopping:
+            return metrics.Check(False, ("draining",))
+        now = time.time()
+        waiting = [
+            f"worker {c.slot} not consuming yet"
+            for c in list(self._children.values())
+            if c.proc.poll() is not None or not c.heartbeat_age(now)[0]
+        ]
+        if not self._children:
+            waiting.append("no worker started yet")
+        answer = metrics.ledger_answers(self._read_ledger)
+        return metrics.Check.of([*waiting, *answer.reasons])
+
+    def _read_ledger(self) -> Ledger:
+        # Built at the first scrape or probe, kept: the pool's own connection.
+        if self._ledger is None:
+            self._ledger = ledger_from_settings(self.settings)
+        return self._ledger
+
+    def _restarted(self) -> None:
+        self.restarts.inc()
+        now = time.monotonic()
+        with self._recent_lock:
+            self._recent.append(now)
+            while self._recent and now - self._recent[0] > self.settings.health_restart_window_s:
+                self._recent.popleft()
 
     def _signal_all(self, signum: int, _frame: object = None) -> None:
         self._stopping = True
@@ -111,22 +199,18 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._signal_all)
         signal.signal(signal.SIGINT, self._signal_all)
         directory, created = metrics.prepare_dir(self.metrics_dir)
+        self._dir = directory
         self._env = {**os.environ, metrics.ENV_DIR: str(directory)}
-        ledger: list[Ledger] = []
-
-        def read_ledger() -> Ledger:
-            # Built at the first scrape, kept: the pool's own connection for its series.
-            if not ledger:
-                ledger.append(ledger_from_settings(self.settings))
-            return ledger[0]
-
         server = metrics.serve(
             self.metrics_port,
             self.metrics_host,
-            read_ledger,
+            self._read_ledger,
             multiprocess_dir=str(directory),
             broker_url=self.settings.broker_url,
             queues=self.queues or [self.settings.queue],
+            extra=self.restarts,
+            health=self.health,
+            ready=self.ready,
         )
         try:
             return self._supervise(directory)
@@ -160,6 +244,7 @@ class Supervisor:
                 time.sleep(delay)
                 if not self._stopping:
                     self._spawn(child.slot, restarts)
+                    self._restarted()
                     alive += 1
             if self._stopping and alive == 0:
                 return 0

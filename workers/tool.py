@@ -63,7 +63,7 @@ from dedupe import (
 from dedupe.failpoints import failpoint
 from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 
-from . import metrics, registry
+from . import logs, metrics, registry, tracing
 from .leases import Held, LeaseKeeper
 from .registry import get_tool
 from .runtime import Runtime, current, installed
@@ -312,9 +312,26 @@ class EffectTool:
     def _perform(self, *args: Any, **kwargs: Any) -> None:
         message = CurrentMessage.get_current_message()
         message_id = message.message_id if message is not None else "direct"
+        options = message.options if message is not None else {}
+        # Every line logged while this message runs names it (workers.logs); its span
+        # continues the producer's trace (workers.tracing: a no-op when tracing is off).
+        with (
+            logs.effect(tool=self.name, message_id=message_id),
+            tracing.process(options, tool=self.name, message_id=message_id),
+        ):
+            self._run(message, message_id, args, kwargs)
+
+    def _run(
+        self,
+        message: dramatiq.Message[Any] | None,
+        message_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
         retries = int(message.options.get("retries", 0)) if message else 0
         effect, campaign, generation = self._effect_of(args, kwargs)
+        logs.annotate(key=effect.key)
         rt = self.runtime
         ledger = _ledger(rt, effect.key)
         if age_s > self.spec.provider_window_s:
@@ -323,10 +340,12 @@ class EffectTool:
         holder = f"{_HOST}:{os.getpid()}/{message_id}"
         started = time.perf_counter()
         try:
-            claim = ledger.claim(
-                effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign,
-                generation=generation,
-            )  # fmt: skip
+            with tracing.span("claim", tool=self.name, key=effect.key) as span:
+                claim = ledger.claim(
+                    effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign,
+                    generation=generation,
+                )  # fmt: skip
+                tracing.note(span, "effectq.claim.outcome", claim.outcome.value)
         except RecordTooLargeError as exc:
             raise MessageError(f"{self.name}: {exc.message}", key=effect.key) from None
         except LedgerError as exc:
@@ -350,6 +369,7 @@ class EffectTool:
                 delay_ms=retry_delay_ms(claim, rt.settings),
             )
         failpoint("after_claim")
+        logs.annotate(token=claim.token)
         call = EffectCall(
             tool=self.name,
             key=effect.key,
@@ -364,7 +384,8 @@ class EffectTool:
             failpoint("before_effect")
             started = time.perf_counter()
             try:
-                result = self.fn(call, **effect.args)
+                with tracing.span("effect", tool=self.name, key=effect.key, token=claim.token):
+                    result = self.fn(call, **effect.args)
             except self.not_executed as exc:
                 self._effect_done("failed", started)
                 # No heartbeat after the claim is settled: it would be fenced (counted as a
@@ -389,7 +410,9 @@ class EffectTool:
             self._effect_done("succeeded", started)
             failpoint("after_effect")
             held.stop()  # a heartbeat racing the commit would count as a stale write
-            self._commit(call, result)
+            with tracing.span("commit", tool=self.name, key=effect.key, token=claim.token):
+                self._commit(call, result)
+            log.debug("committed")  # the line names the effect (workers.logs)
         failpoint("after_commit")
 
     def _refuse_stale(self, ledger: Ledger, effect: Effect, age_s: float) -> None:

@@ -109,5 +109,6 @@ def openapi_document() -> dict[str, Any]:
 
 def serve(app: FastAPI, *, host: str, port: int) -> None:
     # No uvicorn access log: it prints paths, and paths carry effect keys (AccessLog
-    # prints the route template instead).
-    uvicorn.run(app, host=host, port=port, access_log=False, server_header=False)
+    # prints the route template instead). No logging config of uvicorn's own: its lines
+    # go through the process's (workers.logs), in its format.
+    uvicorn.run(app, host=host, port=port, access_log=False, server_header=False, log_config=None)

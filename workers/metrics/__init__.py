@@ -29,11 +29,14 @@ never a recipient, an effect key or a campaign id.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "DEAD_LETTER_REASONS",
@@ -42,6 +45,7 @@ __all__ = [
     "REGISTRY",
     "ReconcilerMetrics",
     "ToolMetrics",
+    "WorkerRestarts",
     "configure",
     "dead_letter",
     "dead_letter_unrecorded",
@@ -244,6 +248,9 @@ class ReconcilerMetrics:
 
     def __init__(self) -> None:
         self._unowned_tools: set[str] = set()
+        #: When the last pass finished (time.monotonic()), for the liveness probe: kept
+        #: whether or not metrics are enabled.
+        self.last_pass: float | None = None
 
     def resolved(self, tool: str, action: str, fenced: bool) -> None:
         if not _enabled:
@@ -262,5 +269,31 @@ class ReconcilerMetrics:
             self._unowned_tools.update(counts)
 
     def pass_finished(self) -> None:
+        self.last_pass = time.monotonic()
         if _enabled:
             LAST_PASS.set_to_current_time()
+
+
+class WorkerRestarts:
+    """``effectq_worker_restarts_total``: the children a pool's supervisor respawned. A
+    collector the supervisor serves itself (it is not one of the pool's multiprocess
+    writers, and its count must not depend on a file of theirs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def inc(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "effectq_worker_restarts",
+            "Worker processes this pool's supervisor restarted after they exited.",
+            value=self._count,
+        )

@@ -1,4 +1,8 @@
-"""A metrics endpoint and a worker pool's multiprocess directory."""
+"""A metrics endpoint with its health probes, and a worker pool's multiprocess directory.
+
+One port serves ``/metrics`` and, where the process gives them, ``/healthz`` (liveness) and
+``/readyz`` (readiness): 200 with ``ok``, or 503 with the reasons, one line each (they name
+workers and seconds, never a key or an address)."""
 
 from __future__ import annotations
 
@@ -7,14 +11,17 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
@@ -22,11 +29,22 @@ from prometheus_client.registry import Collector
 from .collector import LedgerCollector
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+    from wsgiref.types import StartResponse, WSGIEnvironment
 
     from dedupe import Ledger
 
-__all__ = ["ENV_DIR", "MetricsServer", "exposition", "prepare_dir", "reap", "remove_dir", "serve"]
+__all__ = [
+    "ENV_DIR",
+    "Check",
+    "MetricsServer",
+    "Probe",
+    "exposition",
+    "ledger_answers",
+    "prepare_dir",
+    "reap",
+    "remove_dir",
+    "serve",
+]
 
 log = logging.getLogger("effectq.metrics")
 
@@ -60,6 +78,60 @@ def exposition(
     return _Union(local, LedgerCollector(ledger, broker_url=broker_url, queues=queues))
 
 
+@dataclass(frozen=True)
+class Check:
+    """A probe's answer: ``ok``, and why not (one reason a line)."""
+
+    ok: bool
+    reasons: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, reasons: Iterable[str]) -> Check:
+        found = tuple(reasons)
+        return cls(not found, found)
+
+
+Probe = Callable[[], Check]
+
+
+def ledger_answers(ledger: Callable[[], Ledger]) -> Check:
+    """Whether the ledger answers one round trip now (its error by kind only: its text may
+    name an address with credentials)."""
+    try:
+        ledger().server_time_ms()
+    except Exception as exc:
+        return Check(False, (f"ledger unavailable ({type(exc).__name__})",))
+    return Check(True)
+
+
+def _app(source: Collector, probes: Mapping[str, Probe]) -> Callable[..., Iterable[bytes]]:
+    metrics_app = make_wsgi_app(source)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        try:
+            check = probe()
+        except Exception as exc:  # a probe that cannot answer says not ok, and why
+            check = Check(False, (f"probe failed ({type(exc).__name__})",))
+        status = "200 OK" if check.ok else "503 Service Unavailable"
+        body = "\n".join(check.reasons or ("ok",)) + "\n"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [body.encode()]
+
+    return app
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return None  # scrapes and probes every few seconds: no access log
+
+
 @dataclass
 class MetricsServer:
     """A running exposition endpoint (a daemon thread)."""
@@ -87,22 +159,38 @@ def serve(
     multiprocess_dir: str | None = None,
     broker_url: str = "",
     queues: Sequence[str] = (),
+    extra: Collector | None = None,
+    health: Probe | None = None,
+    ready: Probe | None = None,
 ) -> MetricsServer | None:
-    """Serve ``exposition(...)`` on ``host:port`` from a daemon thread; None when the port is
-    0 or cannot be bound (logged: a busy metrics port must not stop a worker pool or a
+    """Serve ``exposition(...)`` (and ``extra``'s series) on ``host:port`` from a daemon
+    thread, with ``health`` on /healthz and ``ready`` on /readyz; None when the port is 0 or
+    cannot be bound (logged: a busy metrics port must not stop a worker pool or a
     reconciler)."""
     if port <= 0:
         return None
     source = exposition(
         ledger, multiprocess_dir=multiprocess_dir, broker_url=broker_url, queues=queues
     )
+    if extra is not None:
+        source = _Union(source, extra)
+    probes = {path: p for path, p in (("/healthz", health), ("/readyz", ready)) if p is not None}
+    server_class = type("_Bound", (_Server,), {"address_family": _family(host)})
     try:
-        server, thread = start_http_server(port, addr=host, registry=source)
+        server: WSGIServer = make_server(
+            host, port, _app(source, probes), server_class, handler_class=_Quiet
+        )
     except OSError as exc:
-        log.error("metrics: cannot listen on %s:%d: %s", host, port, exc)
+        log.error("metrics: cannot listen on %s:%d: %s", host, port, exc.strerror)
         return None
+    thread = threading.Thread(target=server.serve_forever, name="effectq-metrics", daemon=True)
+    thread.start()
     log.info("metrics on http://%s:%d/metrics", host, port)
     return MetricsServer(host, port, server, thread)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 # -- the multiprocess directory of a worker pool --------------------------------------------
