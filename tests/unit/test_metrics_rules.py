@@ -37,20 +37,13 @@ def exposed_series() -> set[str]:
     names: set[str] = set()
     local = [f for f in metrics.REGISTRY.collect() if f.name.startswith("effectq_")]
     counts = {("CLAIMED", "charge"): 1, ("dup_submit", "charge"): 1}
-    for family in [*local, *collector._ledger_families(counts, 0, None, 0)]:
+    supervisor = list(metrics.WorkerRestarts().collect())  # served by a pool's supervisor
+    for family in [*local, *collector._ledger_families(counts, 0, None, 0), *supervisor]:
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
         names |= {family.name + s for s in suffixes.get(family.type, [""])}
     names.add("effectq_queue_messages")  # needs a Redis broker to be collected
     names.add("effectq_ledger_up")
-    return names | PROMISED
-
-
-# Series the rules and the dashboard use that issue 19's code side adds (the worker
-# supervisor's restarts, dead letters by reason, the reconciler's last pass). Until then
-# they are named here; once workers/metrics.py exposes one, drop it from this set.
-PROMISED = {
-    "effectq_worker_restarts_total",
-}
+    return names
 
 
 def test_promtool_checks_the_rules() -> None:
