@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dedupe", "reconciler", "workers")
 FLOORS = ("dedupe", "reconciler", "workers/core", "workers/svc", "workers/face", "workers/dev")
 _SVC = {"workers.producer", "workers.campaign", "workers.guard", "workers.examples"}
-_FACE = {"workers.verbs", "workers.cli", "workers.__main__", "workers"}
-#: The one sanctioned way into the local harness from outside it.
-DEV_DOORS = {"workers.cli"}
+_FACE = {"workers.verbs", "workers.__main__", "workers"}
+#: The one sanctioned way into the local harness from outside it: the CLI's `demo` and
+#: `sandbox` verbs.
+DEV_DOORS = {"workers.cli.run"}
 
 
 def floor(module: str) -> str:
@@ -41,7 +42,7 @@ def floor(module: str) -> str:
         return "workers/dev"
     if module in _SVC:
         return "workers/svc"
-    if module in _FACE or module.startswith(("workers.api", "workers.agents")):
+    if module in _FACE or module.startswith(("workers.api", "workers.agents", "workers.cli")):
         return "workers/face"
     return "workers/core"
 

@@ -1,0 +1,181 @@
+"""One effect at a time: submit, inspect, list, and the operator actions."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+import typer.core
+
+from ._app import app, emit, fail, line, table
+from .params import (
+    _INSPECT_FIELDS,
+    Actor,
+    Cursor,
+    Json,
+    Key,
+    Reason,
+    Since,
+    _clock,
+    _install,
+    _json,
+    _more,
+    _prefix,
+    _reader,
+    _text,
+)
+
+
+@app.command()
+def inspect(key: Key, as_json: Json = False) -> None:
+    """Show one effect: state, token, receipt, raw response, late receipts, decisions."""
+    from ..verbs import inspect as read
+
+    record = read(_reader(), key)
+    document = record.as_dict()
+    if as_json:
+        emit(document)
+        return
+    rows = [(name, _text(document[name])) for name in _INSPECT_FIELDS]
+    rows.append(("receipt", json.dumps(document["receipt"])))
+    rows += [
+        ("late", f"token {r['token']} {json.dumps(r['receipt'])}") for r in record.late_receipts
+    ]
+    rows += [("history", f"{h.at_ms} {h.state} t{h.token} {h.note}") for h in record.history]
+    for label, text in rows:
+        line(f"{label:>11}: {text}")
+
+
+@app.command(name="list")
+def list_(
+    state: Annotated[
+        str | None, typer.Option(metavar="STATE", help="UNKNOWN (the work queue), CLAIMED, …")
+    ] = None,
+    tool: Annotated[str | None, typer.Option(metavar="TOOL")] = None,
+    limit: Annotated[int, typer.Option(metavar="N", min=1, max=10_000)] = 100,
+    since: Since = None,
+    cursor: Cursor = None,
+    key: Annotated[
+        str | None,
+        typer.Option(metavar="HEX", callback=_prefix, help="an effect key or its first 12+ digits"),
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """List effects by state (default: everything not yet settled); --since / --cursor page
+    through the indexed states (a JSON object with next_cursor), --key searches."""
+    from dedupe import State
+
+    try:
+        wanted = State(state.upper()) if state else None
+    except ValueError:
+        fail(2, f"--state: not a state (one of {', '.join(s.value for s in State)})")
+    from .. import verbs
+
+    ops, now_ms = _clock()
+    if since is not None or cursor is not None:
+        if key is not None:
+            fail(2, "--key searches by key: it does not page (drop --since / --cursor)")
+        if limit > verbs.MAX_PAGE:
+            fail(2, f"--limit: a page holds at most {verbs.MAX_PAGE} (go on with --cursor)")
+        if wanted not in (None, State.UNKNOWN, State.CLAIMED, State.RECONCILING):
+            fail(2, "--since / --cursor page through UNKNOWN, CLAIMED and RECONCILING only")
+        verbs.page_cursor(cursor)
+        since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
+        page = verbs.effects_page(
+            ops(), state=wanted, tool=tool, since_ms=since_ms, cursor=cursor, limit=limit
+        )
+        if as_json:
+            emit(page)
+            return
+        rows, following = page["effects"], page["next_cursor"]
+    else:
+        if key is not None:
+            records = verbs.find_keys(ops(), key, limit=min(limit, verbs.MAX_PAGE))
+        else:
+            records = verbs.list_effects(ops(), state=wanted, tool=tool, limit=limit)
+        if as_json:
+            emit([r.as_dict() for r in records])
+            return
+        rows, following = [r.as_dict() for r in records], None
+    table(
+        ("key", "state", "tool", "token", "reason"),
+        ((d["key"], d["state"], d["tool"], str(d["token"]), _text(d["reason"])) for d in rows),
+    )
+    _more(following)
+
+
+@app.command()
+def resolve(
+    key: Key,
+    actor: Actor,
+    reason: Reason,
+    executed: Annotated[
+        bool,
+        typer.Option(
+            "--executed/--not-executed",
+            help="the provider's evidence: it executed the call, or it never did",
+            show_default=False,
+        ),
+    ],
+    receipt: Annotated[
+        str | None, typer.Option(metavar="JSON", help="the provider's receipt (an object)")
+    ] = None,
+    override_evidence: Annotated[
+        bool,
+        typer.Option("--override-evidence", help="settle as not executed despite late receipts"),
+    ] = False,
+    as_json: Json = False,
+) -> None:
+    """Settle an UNKNOWN effect with evidence: --executed --receipt JSON, or --not-executed."""
+    parsed = None
+    if receipt is not None:
+        parsed = _json(receipt, "--receipt")
+        if not isinstance(parsed, dict):
+            fail(2, "--receipt: must be a JSON object")
+    from .. import verbs
+
+    _install()
+    document = verbs.resolve(
+        key, executed=executed, actor=actor, reason=reason, receipt=parsed,
+        override_evidence=override_evidence,
+    )  # fmt: skip
+    _done(document, as_json)
+
+
+@app.command()
+def revoke(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+    """Void a DONE effect; the next submission opens generation n+1."""
+    from .. import verbs
+
+    _install()
+    _done(verbs.revoke(key, actor=actor, reason=reason), as_json)
+
+
+@app.command()
+def supersede(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+    """Replace a DONE effect; the next submission opens generation n+1."""
+    from .. import verbs
+
+    _install()
+    _done(verbs.supersede(key, actor=actor, reason=reason), as_json)
+
+
+@app.command()
+def replay(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
+    """Send a FAILED / REVOKED / SUPERSEDED effect's stored request again."""
+    from .. import verbs
+
+    _install()
+    document = verbs.replay(key, actor=actor, reason=reason)
+    if as_json:
+        emit(document)
+    else:
+        line(f"{document['status']}  {key}")
+
+
+def _done(document: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit(document)
+    else:
+        line(f"{document['state']}  {document['key']}  token {document['token']}")
