@@ -339,23 +339,36 @@ class Ledger:
         change"): every key is derived from the namespace and the bucket count, so a change
         of either on a ledger that holds records makes every recorded effect invisible and
         lets it run again. The namespace keeps its bucket count in ``<namespace>:layout``;
-        a namespace with no such key is new, and is refused on a ledger database that
-        already holds keys — another namespace's, or a namespace renamed — unless
+        a namespace with no such key and no key of its own is new, and is refused where
+        another namespace's layout key is there (a namespace renamed) unless
         ``allow_new_namespace`` (a second deployment on one ledger, on purpose). Records of
         this namespace written before the layout key existed (or by a producer before the
-        first worker started) are adopted."""
+        first worker started) are adopted. A ledger of 0.1.0 renamed during the upgrade is
+        not seen: it has no layout key yet."""
         layout = f"{self.namespace}:layout"
         with self.guard():
             stored = self.client.get(layout)
-            if stored is None and not allow_new_namespace and int(self.client.dbsize()) > 0:
-                # Any key of this namespace (a record, a pending marker, a counter): the
-                # scan stops at the first, and runs to the end only where it refuses.
+            if stored is None and not allow_new_namespace:
+                # Any key of this namespace (a record, a pending marker, a counter) makes the
+                # ledger ours; else another namespace's layout key says it was renamed. The
+                # scans run once per namespace, and to the end only where there is no key of
+                # ours.
                 ours = next(self.client.scan_iter(match=f"{{{self.namespace}:*", count=1000), None)
+                other = None
                 if ours is None:
+                    other = next(
+                        (
+                            k
+                            for k in self.client.scan_iter(match="*:layout", count=1000)
+                            if k != layout
+                        ),
+                        None,
+                    )
+                if other is not None:
                     raise LayoutChangedError(
-                        f"namespace {self.namespace!r} is new on a ledger that already holds "
-                        "keys: a changed EFFECTQ_NAMESPACE would let every recorded effect run "
-                        "again. Restore the namespace, or set EFFECTQ_ALLOW_NEW_NAMESPACE=true "
+                        f"namespace {self.namespace!r} is new on a ledger laid out for another "
+                        "namespace: a changed EFFECTQ_NAMESPACE would let every recorded effect "
+                        "run again. Restore the namespace, or set EFFECTQ_ALLOW_NEW_NAMESPACE=true "
                         "for a second deployment on this ledger."
                     )
             if stored is None:

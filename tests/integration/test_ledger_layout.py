@@ -25,7 +25,9 @@ def test_a_changed_namespace_on_a_ledger_with_records_is_refused(
 ) -> None:
     ledger = ledger_from_settings(_settings(redis_server, namespace="shop"))
     ledger.claim(charge(), lease_s=30, holder="w/1")
-    with pytest.raises(LayoutChangedError, match="namespace 'shop2' is new"):
+    with pytest.raises(
+        LayoutChangedError, match="namespace 'shop2' is new on a ledger laid out for another"
+    ):
         ledger_from_settings(_settings(redis_server, namespace="shop2"))
     # A second deployment on one ledger, on purpose; then it is known.
     ledger_from_settings(_settings(redis_server, namespace="shop2", allow_new_namespace=True))
@@ -72,3 +74,11 @@ def test_effectq_worker_refuses_to_start_on_a_renamed_namespace(
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "namespace 'renamed' is new" in line and "Traceback" not in done.stderr
+
+
+def test_a_ledger_shared_with_namespaces_that_never_registered_is_not_refused(
+    redis_server: RedisServer,
+) -> None:
+    # Keys of other namespaces, none with a layout (embedding code, 0.1.0): not a rename.
+    Ledger.from_url(redis_server.url, namespace="embedded").claim(charge(), lease_s=30, holder="x")
+    ledger_from_settings(_settings(redis_server, namespace="effectq"))

@@ -54,7 +54,7 @@ ACL_RULES = [
     "+pexpire", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcount",
     "+hgetall", "+hmget", "+hset", "+hincrby", "+hkeys", "+hscan",
     "+sadd", "+scard", "+smismember",
-    "+xadd", "+xrevrange", "+scan", "+exists", "+dbsize",
+    "+xadd", "+xrevrange", "+scan",
     "+info", "+time", "+ping", "+wait",
 ]  # fmt: skip
 ACL_LINE = f"ACL SETUSER {USER} " + " ".join(ACL_RULES)
