@@ -112,6 +112,14 @@ class Receiver:
         self.server.server_close()
 
 
+@pytest.fixture(autouse=True)
+def sdk_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests/agents/conftest.py switches the OpenTelemetry SDK off for the whole session (so
+    # that CrewAI, imported at collection, never phones home): spans need it on here, in
+    # this process and in the workers these tests start.
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     found = Receiver()
