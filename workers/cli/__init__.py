@@ -13,8 +13,12 @@ types and the wiring every verb shares), ``run`` (the long-running verbs), ``eff
 effect at a time), ``incidents`` (dead letters, audit, re-check), ``campaigns``.
 """
 
-# The verbs register themselves on `app` as they are imported.
-from . import campaigns, effects, incidents, run  # noqa: F401
+# The verbs register themselves on `app` as they are imported, in the order `--help` lists
+# them.
+# isort: off
+from . import run, effects, incidents, campaigns  # noqa: F401
+
+# isort: on
 from ._app import RECONCILER_METRICS_PORT, app
 from .run import reconciler_liveness, reconciler_metrics_port
 
