@@ -33,7 +33,6 @@ from .settings import Settings, ledger_from_settings
 __all__ = [
     "Runtime",
     "broker",
-    "configure_broker",
     "configure_process",
     "current",
     "install",
@@ -187,10 +186,6 @@ def current() -> Runtime:
     """The installed runtime; the first call in a process that installed none builds one
     from the environment and installs it."""
     found = _installed
-    if found is not None:
-        return found
-    with _lock:
-        found = _installed
     return found if found is not None else install(Runtime.from_settings())
 
 
@@ -208,11 +203,6 @@ def ledger() -> Ledger:
 
 def set_ledger(new: Ledger) -> None:
     current().set_ledger(new)
-
-
-def configure_broker(new: dramatiq.Broker) -> dramatiq.Broker:
-    """Install a runtime on ``new`` with the current settings (effectq's middleware added)."""
-    return install(Runtime(current().settings, broker=new)).broker
 
 
 def rebind() -> dramatiq.Broker:
