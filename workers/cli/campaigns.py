@@ -51,8 +51,9 @@ def campaign_submit(
         fail(2, exc.message)
     from .. import tracing
 
-    tracing.configure(_settings())
-    _install()
+    cfg = _settings()
+    tracing.configure(cfg)
+    _install(cfg)
     with _campaign_bars(source.count, quiet=as_json) as (planning, advance):
         report = submit_campaign_source(source, progress=advance, planning=planning)
     if as_json:

@@ -105,22 +105,24 @@ def _extra(name: str, *modules: str) -> None:
                 f"python -m pip install 'effectq[{name}]'")  # fmt: skip
 
 
-def load_tools() -> None:
+def load_tools(cfg: Settings) -> None:
     """Import EFFECTQ_TOOLS (exit 2 with the reason when it cannot be imported)."""
     from .. import registry
 
     try:
-        registry.load(_settings().tools)
+        registry.load(cfg.tools)
     except registry.ToolsModuleError as exc:
         fail(2, exc.message)
 
 
-def _install() -> None:
-    """This invocation's runtime (broker and ledger from the settings), its tools bound."""
+def _install(cfg: Settings | None = None) -> None:
+    """This invocation's runtime (broker and ledger from ``cfg``, default the environment),
+    its tools bound."""
     from ..runtime import Runtime, install
 
-    install(Runtime.from_settings(_settings()))
-    load_tools()
+    cfg = cfg if cfg is not None else _settings()
+    install(Runtime.from_settings(cfg))
+    load_tools(cfg)
 
 
 def _no_constant(name: str) -> NoReturn:

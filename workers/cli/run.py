@@ -121,7 +121,7 @@ def worker(
     logs.setup(cfg)
     # A tools module that cannot be imported fails here, once, with exit 2 (a crash loop
     # the platform shows), not in every child the supervisor would restart for ever.
-    load_tools()
+    load_tools(cfg)
     ledger_from_settings(cfg)  # refuse to start on a ledger that cannot be trusted (no AOF)
     pool = Supervisor(
         cfg,
@@ -156,8 +156,9 @@ def submit(
     from ..verbs import await_receipt, submit_call
 
     args = _parse_args(arg or [])
-    tracing.configure(_settings())
-    _install()
+    cfg = _settings()
+    tracing.configure(cfg)
+    _install(cfg)
     handle = submit_call(tool, scope=scope, action=action, args=args)
     if wait is not None:
         await_receipt(handle, wait)
@@ -201,7 +202,7 @@ def reconciler(
     logs.setup(cfg)
     tracing.configure(cfg)
     configure_process(cfg)
-    load_tools()
+    load_tools(cfg)
     ledger = ledger_from_settings(cfg)
     observer = metrics.ReconcilerMetrics()
     pool = Reconciler(
@@ -293,7 +294,7 @@ def api(
     cfg = _settings()
     logs.setup(cfg)
     tracing.configure(cfg)
-    load_tools()
+    load_tools(cfg)
     try:
         application = create_app(cfg)
     except ValueError as exc:  # EFFECTQ_API_TOKENS malformed: its message names no token
