@@ -1,7 +1,7 @@
 -- effectq ledger: every state transition of an effect record, one atomic call each.
 --
 -- Read this against DESIGN.md §2. One script, dispatched on ARGV[1], so that the whole
--- state table sits in one file; every call is one EVALSHA round trip.
+-- state table sits in one file; every call is one round trip (FCALL, or EVALSHA: script.py).
 --
 -- KEYS (all share one hash tag, the record's bucket: one slot, Cluster-safe)
 --   KEYS[1]  record   string: struct-packed fields (below)
@@ -76,11 +76,12 @@ local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms
 -- so the tokens are t and the distances back from it, and a step takes no token field
 local STEP = '>BBI6Hc0'
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local op = ARGV[1]
-local key = ARGV[2]
+-- One call's state, set by run() before anything reads it: the keys and arguments, the
+-- server's time, the effect key and its decoded record (nil: none). Module-level so that
+-- the helpers below are made once per load, not per call (a Redis Function library is
+-- loaded once; under EVAL the whole file runs per call, as before).
+local K, A, now, key, rec
+local OPS = {}
 
 local function nonzero(v) if v ~= 0 then return v end end
 local function nonempty(v) if v ~= '' then return v end end
@@ -190,26 +191,22 @@ local function encode(rec)
   return fixed .. lb .. string.char(rec.yn) .. rec.yb
 end
 
-local rec = nil
-local blob = redis.call('GET', KEYS[1])
-if blob then rec = decode(blob) end
-
 local COUNTED = {CLAIMED = true, RECONCILING = true, UNKNOWN = true}
 
 local function count(state, delta)
   if state and COUNTED[state] then
-    redis.call('HINCRBY', KEYS[3], state .. ':' .. rec.tool, delta)
+    redis.call('HINCRBY', K[3], state .. ':' .. rec.tool, delta)
   end
 end
 
 -- Move rec to `state`, keeping counts, lease index and history in step with it.
 local function move(state, token, note, deadline)
-  if rec.s == 'UNKNOWN' and state ~= 'UNKNOWN' then redis.call('ZREM', KEYS[5], key) end
-  if state == 'UNKNOWN' then redis.call('ZADD', KEYS[5], now, key) end
+  if rec.s == 'UNKNOWN' and state ~= 'UNKNOWN' then redis.call('ZREM', K[5], key) end
+  if state == 'UNKNOWN' then redis.call('ZADD', K[5], now, key) end
   count(rec.s, -1)
   if rec.cp then
-    if rec.s then redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. rec.s, -1) end
-    redis.call('HINCRBY', KEYS[6], rec.cp .. ':' .. state, 1)
+    if rec.s then redis.call('HINCRBY', K[6], rec.cp .. ':' .. rec.s, -1) end
+    redis.call('HINCRBY', K[6], rec.cp .. ':' .. state, 1)
   end
   note = note or ''
   -- The distance is 0 or 1 but at a fresh record (rec.t 0), where nothing reads it.
@@ -224,45 +221,42 @@ local function move(state, token, note, deadline)
   end
   if deadline then
     rec.d = deadline
-    redis.call('ZADD', KEYS[2], deadline, key)
+    redis.call('ZADD', K[2], deadline, key)
   else
     -- Settled: lease, holder and claim time matter no more (a DONE record stays small).
     rec.d, rec.h, rec.a = nil, nil, nil
-    redis.call('ZREM', KEYS[2], key)
+    redis.call('ZREM', K[2], key)
   end
 end
 
 local function floor()
-  return tonumber(redis.call('GET', KEYS[7]) or '0')
+  return tonumber(redis.call('GET', K[7]) or '0')
 end
 
 local function save(retention_ms)
   if retention_ms and retention_ms > 0 then
     -- The record may expire: remember its token, so the key's next record starts above it.
-    if floor() < rec.t then redis.call('SET', KEYS[7], rec.t) end
-    redis.call('SET', KEYS[1], encode(rec), 'PX', retention_ms)
+    if floor() < rec.t then redis.call('SET', K[7], rec.t) end
+    redis.call('SET', K[1], encode(rec), 'PX', retention_ms)
   else
-    redis.call('SET', KEYS[1], encode(rec))
+    redis.call('SET', K[1], encode(rec))
   end
 end
 
 local function fenced(name)
-  redis.call('HINCRBY', KEYS[3], 'fenced:' .. name, 1)
+  redis.call('HINCRBY', K[3], 'fenced:' .. name, 1)
   if rec then return {'fenced', rec.s, rec.t} end
   return {'fenced', 'ABSENT', 0}
 end
 
 local function bump(name, tool)
-  redis.call('HINCRBY', KEYS[3], name .. ':' .. tool, 1)
+  redis.call('HINCRBY', K[3], name .. ':' .. tool, 1)
 end
 
 local function refused()
   if rec then return {'refused', rec.s, rec.t} end
   return {'refused', 'ABSENT', 0}
 end
-
--- Each op's function is created in its own branch only: the top level runs on every call,
--- and a closure per op per call cost more than the record's encoding.
 
 -- claim(fingerprint (binary), tool, lease_ms, holder, request, campaign tag or '', generation)
 -- `generation` is the one the message was submitted for (submit's answer, carried by the
@@ -278,65 +272,59 @@ end
 --   CLAIMED with an expired lease, UNKNOWN                            => blocked
 -- in_flight / blocked end with the ms to the lease deadline (negative once it has passed;
 -- nil without one: UNKNOWN), so a worker backs off towards it.
-if op == 'claim' then
-  local function claim()
-    local fp, tool, lease_ms, holder, request = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
-    local campaign = ARGV[8] ~= '' and ARGV[8] or nil
-    local generation = tonumber(ARGV[9]) or 0
-    local deadline = now + lease_ms
-    if not rec then
-      local token = floor() + 1
-      rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign,
-      ln = 0, lb = '', yn = 0, yb = ''}
-      move('CLAIMED', token, 'claim', deadline)
-      rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
-      redis.call('SET', KEYS[1], encode(rec), 'NX')
-      return {'acquired', token, 0}
-    end
-    local s = rec.s
-    if (s == 'REVOKED' or s == 'SUPERSEDED') and generation <= rec.g then
-      bump('dup_claim', tool)
-      return {'duplicate', rec.t, rec.g, rec.r or '', s}
-    end
-    if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
-      if s ~= 'FAILED' then rec.g = rec.g + 1 end
-      rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
-      move('CLAIMED', rec.t + 1, 'claim', deadline)
-      rec.n, rec.h, rec.q, rec.a = rec.n + 1, holder, request, now
-      save(0)
-      return {'acquired', rec.t, rec.g}
-    end
-    if rec.f ~= fp then
-      bump('conflict', tool)
-      return {'conflict', s, rec.t}
-    end
-    if s == 'DONE' then
-      bump('dup_claim', tool)
-      return {'duplicate', rec.t, rec.g, rec.r, s}
-    end
-    local remaining = rec.d and rec.d - now or false
-    if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
-      return {'in_flight', s, rec.t, remaining}
-    end
-    return {'blocked', s, rec.t, remaining}
+OPS.claim = function()
+  local fp, tool, lease_ms, holder, request = A[3], A[4], tonumber(A[5]), A[6], A[7]
+  local campaign = A[8] ~= '' and A[8] or nil
+  local generation = tonumber(A[9]) or 0
+  local deadline = now + lease_ms
+  if not rec then
+    local token = floor() + 1
+    rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign,
+    ln = 0, lb = '', yn = 0, yb = ''}
+    move('CLAIMED', token, 'claim', deadline)
+    rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
+    redis.call('SET', K[1], encode(rec), 'NX')
+    return {'acquired', token, 0}
   end
-  return claim()
+  local s = rec.s
+  if (s == 'REVOKED' or s == 'SUPERSEDED') and generation <= rec.g then
+    bump('dup_claim', tool)
+    return {'duplicate', rec.t, rec.g, rec.r or '', s}
+  end
+  if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
+    if s ~= 'FAILED' then rec.g = rec.g + 1 end
+    rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
+    move('CLAIMED', rec.t + 1, 'claim', deadline)
+    rec.n, rec.h, rec.q, rec.a = rec.n + 1, holder, request, now
+    save(0)
+    return {'acquired', rec.t, rec.g}
+  end
+  if rec.f ~= fp then
+    bump('conflict', tool)
+    return {'conflict', s, rec.t}
+  end
+  if s == 'DONE' then
+    bump('dup_claim', tool)
+    return {'duplicate', rec.t, rec.g, rec.r, s}
+  end
+  local remaining = rec.d and rec.d - now or false
+  if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
+    return {'in_flight', s, rec.t, remaining}
+  end
+  return {'blocked', s, rec.t, remaining}
 end
 
 -- heartbeat(token, lease_ms): the holder of CLAIMED or RECONCILING under `token` extends
 -- its lease (the reconciler uses it to "look again later"). Stale token => fenced.
-if op == 'heartbeat' then
-  local function heartbeat()
-    local token, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
-    if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-      return fenced('heartbeat')
-    end
-    rec.d = now + lease_ms
-    redis.call('ZADD', KEYS[2], rec.d, key)
-    save(0)
-    return {'ok', rec.s, rec.t}
+OPS.heartbeat = function()
+  local token, lease_ms = tonumber(A[3]), tonumber(A[4])
+  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+    return fenced('heartbeat')
   end
-  return heartbeat()
+  rec.d = now + lease_ms
+  redis.call('ZADD', K[2], rec.d, key)
+  save(0)
+  return {'ok', rec.s, rec.t}
 end
 
 -- commit(token, receipt, raw, retention_ms, note): CLAIMED | RECONCILING under `token`
@@ -344,101 +332,86 @@ end
 -- in late receipts as evidence (never as authority). On FAILED that evidence contradicts
 -- the record ("known not executed"): FAILED -> UNKNOWN under token+1, which blocks every
 -- claim and replay until an operator resolves it.
-if op == 'commit' then
-  local function commit()
-    local token, receipt, raw, retention_ms = tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
-    if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
-    if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-      if rec then
-        rec.lb = rec.lb .. struct.pack(LATE_ENTRY, token, #receipt, receipt, now)
-        rec.ln = rec.ln + 1
-        if rec.ln > LATE then rec.lb, rec.ln = trim(rec.lb, rec.ln, LATE, LATE_ENTRY) end
-        if rec.s == 'FAILED' then
-          move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
-          save(0)
-        else
-          local ttl = redis.call('PTTL', KEYS[1])
-          save(ttl > 0 and ttl or 0)
-        end
+OPS.commit = function()
+  local token, receipt, raw, retention_ms = tonumber(A[3]), A[4], A[5], tonumber(A[6])
+  if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
+  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+    if rec then
+      rec.lb = rec.lb .. struct.pack(LATE_ENTRY, token, #receipt, receipt, now)
+      rec.ln = rec.ln + 1
+      if rec.ln > LATE then rec.lb, rec.ln = trim(rec.lb, rec.ln, LATE, LATE_ENTRY) end
+      if rec.s == 'FAILED' then
+        move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
+        save(0)
+      else
+        local ttl = redis.call('PTTL', K[1])
+        save(ttl > 0 and ttl or 0)
       end
-      return fenced('commit')
     end
-    rec.r = receipt
-    if raw ~= '' then rec.raw = raw end
-    move('DONE', token, ARGV[7], nil)
-    save(retention_ms)
-    redis.call('DEL', KEYS[4])
-    return {'ok', 'DONE', token}
+    return fenced('commit')
   end
-  return commit()
+  rec.r = receipt
+  if raw ~= '' then rec.raw = raw end
+  move('DONE', token, A[7], nil)
+  save(retention_ms)
+  redis.call('DEL', K[4])
+  return {'ok', 'DONE', token}
 end
 
 -- fail(token, reason, retention_ms): CLAIMED | RECONCILING under `token` -> FAILED: known
 -- not executed. The key is free again: the next claim is granted.
-if op == 'fail' then
-  local function fail()
-    local token, reason, retention_ms = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-    if rec and rec.t == token and rec.s == 'FAILED' then return {'ok', 'FAILED', token} end
-    if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-      return fenced('fail')
-    end
-    move('FAILED', token, reason, nil)
-    save(retention_ms)
-    return {'ok', 'FAILED', token}
+OPS.fail = function()
+  local token, reason, retention_ms = tonumber(A[3]), A[4], tonumber(A[5])
+  if rec and rec.t == token and rec.s == 'FAILED' then return {'ok', 'FAILED', token} end
+  if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+    return fenced('fail')
   end
-  return fail()
+  move('FAILED', token, reason, nil)
+  save(retention_ms)
+  return {'ok', 'FAILED', token}
 end
 
 -- handover(token, reason): the holder of CLAIMED does not know whether the effect happened;
 -- its lease ends now so the reconciler takes the record at its next scan.
-if op == 'handover' then
-  local function handover()
-    local token, reason = tonumber(ARGV[3]), ARGV[4]
-    if not rec or rec.t ~= token or rec.s ~= 'CLAIMED' then return fenced('handover') end
-    move('CLAIMED', token, 'handover: ' .. reason, now)
-    save(0)
-    return {'ok', 'CLAIMED', token}
-  end
-  return handover()
+OPS.handover = function()
+  local token, reason = tonumber(A[3]), A[4]
+  if not rec or rec.t ~= token or rec.s ~= 'CLAIMED' then return fenced('handover') end
+  move('CLAIMED', token, 'handover: ' .. reason, now)
+  save(0)
+  return {'ok', 'CLAIMED', token}
 end
 
 -- takeover(lease_ms, holder): CLAIMED or RECONCILING whose lease has expired -> RECONCILING
 -- under token+1. Returns what the reconciler needs to ask the provider and to judge the
 -- answer: when the claim was granted, when reconciliation began, how many takeovers so far.
-if op == 'takeover' then
-  local function takeover()
-    local lease_ms, holder = tonumber(ARGV[3]), ARGV[4]
-    if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') or rec.d > now then
-      -- A stale index entry (record gone or settled) is dropped here, not by a scan.
-      if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
-        redis.call('ZREM', KEYS[2], key)
-      end
-      return refused()
+OPS.takeover = function()
+  local lease_ms, holder = tonumber(A[3]), A[4]
+  if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') or rec.d > now then
+    -- A stale index entry (record gone or settled) is dropped here, not by a scan.
+    if not rec or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
+      redis.call('ZREM', K[2], key)
     end
-    local from = rec.s
-    local since, rounds = rec.x or now, (rec.ra or 0) + 1
-    move('RECONCILING', rec.t + 1, 'takeover from ' .. from, now + lease_ms)
-    rec.h, rec.x, rec.ra = holder, since, rounds
-    save(0)
-    return {
-      'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.a or rec.c,
-      cjson.encode(late_list(rec)), since, rounds, now,
-    }
+    return refused()
   end
-  return takeover()
+  local from = rec.s
+  local since, rounds = rec.x or now, (rec.ra or 0) + 1
+  move('RECONCILING', rec.t + 1, 'takeover from ' .. from, now + lease_ms)
+  rec.h, rec.x, rec.ra = holder, since, rounds
+  save(0)
+  return {
+    'acquired', rec.t, rec.g, rec.tool, rec.q or '', rec.n, rec.a or rec.c,
+    cjson.encode(late_list(rec)), since, rounds, now,
+  }
 end
 
 -- unknown(token, reason): RECONCILING under `token` -> UNKNOWN: the outcome cannot be
 -- established; every claim is blocked until an operator resolves it with evidence.
-if op == 'unknown' then
-  local function unknown()
-    local token, reason = tonumber(ARGV[3]), ARGV[4]
-    if not rec or rec.t ~= token or rec.s ~= 'RECONCILING' then return fenced('unknown') end
-    move('UNKNOWN', token, reason, nil)
-    save(0)
-    return {'ok', 'UNKNOWN', token}
-  end
-  return unknown()
+OPS.unknown = function()
+  local token, reason = tonumber(A[3]), A[4]
+  if not rec or rec.t ~= token or rec.s ~= 'RECONCILING' then return fenced('unknown') end
+  move('UNKNOWN', token, reason, nil)
+  save(0)
+  return {'ok', 'UNKNOWN', token}
 end
 
 -- operate(action, note, retention_ms, receipt, raw, override): operator transitions,
@@ -449,30 +422,27 @@ end
 --                   same call as the write, so a receipt cannot land in between.
 --   revoke          DONE    -> REVOKED      (a submission after it opens generation n+1)
 --   supersede       DONE    -> SUPERSEDED   (a submission after it opens generation n+1)
-if op == 'operate' then
-  local OPERATOR = {
-    resolve_done = {from = 'UNKNOWN', to = 'DONE'},
-    resolve_failed = {from = 'UNKNOWN', to = 'FAILED'},
-    revoke = {from = 'DONE', to = 'REVOKED'},
-    supersede = {from = 'DONE', to = 'SUPERSEDED'},
-  }
-  local function operate()
-    local action, note, retention_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
-    local rule = OPERATOR[action]
-    if not rule then return redis.error_reply('unknown operator action ' .. action) end
-    if not rec or rec.s ~= rule.from then return refused() end
-    if action == 'resolve_failed' and rec.ln > 0 and ARGV[8] ~= '1' then
-      return {'refused', rec.s, rec.t, rec.ln}
-    end
-    if rule.to == 'DONE' then
-      rec.r = ARGV[6]
-      if ARGV[7] ~= '' then rec.raw = ARGV[7] end
-    end
-    move(rule.to, rec.t + 1, note, nil)
-    save(retention_ms)
-    return {'ok', rule.to, rec.t}
+local OPERATOR = {
+  resolve_done = {from = 'UNKNOWN', to = 'DONE'},
+  resolve_failed = {from = 'UNKNOWN', to = 'FAILED'},
+  revoke = {from = 'DONE', to = 'REVOKED'},
+  supersede = {from = 'DONE', to = 'SUPERSEDED'},
+}
+OPS.operate = function()
+  local action, note, retention_ms = A[3], A[4], tonumber(A[5])
+  local rule = OPERATOR[action]
+  if not rule then return redis.error_reply('unknown operator action ' .. action) end
+  if not rec or rec.s ~= rule.from then return refused() end
+  if action == 'resolve_failed' and rec.ln > 0 and A[8] ~= '1' then
+    return {'refused', rec.s, rec.t, rec.ln}
   end
-  return operate()
+  if rule.to == 'DONE' then
+    rec.r = A[6]
+    if A[7] ~= '' then rec.raw = A[7] end
+  end
+  move(rule.to, rec.t + 1, note, nil)
+  save(retention_ms)
+  return {'ok', rule.to, rec.t}
 end
 
 -- recheck(tool, note, holder): an operator sends an UNKNOWN effect of `tool` back to the
@@ -481,16 +451,13 @@ end
 -- provider again. The takeover count and the reconciliation start are cleared: a fresh
 -- lookup budget, and the settle window counts from that takeover (decide() as usual).
 -- Any other state, or another tool's record => refused.
-if op == 'recheck' then
-  local function recheck()
-    local tool, note, holder = ARGV[3], ARGV[4], ARGV[5]
-    if not rec or rec.s ~= 'UNKNOWN' or rec.tool ~= tool then return refused() end
-    move('RECONCILING', rec.t + 1, note, now)
-    rec.h, rec.x, rec.ra = holder, nil, nil
-    save(0)
-    return {'ok', 'RECONCILING', rec.t}
-  end
-  return recheck()
+OPS.recheck = function()
+  local tool, note, holder = A[3], A[4], A[5]
+  if not rec or rec.s ~= 'UNKNOWN' or rec.tool ~= tool then return refused() end
+  move('RECONCILING', rec.t + 1, note, now)
+  rec.h, rec.x, rec.ra = holder, nil, nil
+  save(0)
+  return {'ok', 'RECONCILING', rec.t}
 end
 
 -- submit(fingerprint (binary), tool, pending_ms, message_id, force, fingerprint in hex): may
@@ -508,61 +475,69 @@ end
 --   none | FAILED | REVOKED | SUPERSEDED: a live pending marker with another fingerprint
 --                                   => conflict, with this one => pending (enqueue when
 --                                   it is this message id's own), none => enqueue
-if op == 'submit' then
-  local function submit()
-    local fp, tool, pending_ms, message_id = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
-    local force = ARGV[7] == '1'
-    local s = rec and rec.s
-    local generation = 0
-    if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
-    local function answer(status, receipt)
-      return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation}
-    end
-    local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
-    if not free then
-      if rec.f ~= fp then
-        bump('conflict', tool)
-        return answer('conflict')
-      end
-      bump('dup_submit', tool)
-      if s == 'DONE' then return answer('done', rec.r) end
-      if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
-        return answer('pending')
-      end
-      return answer('blocked')
-    end
-    local marker = redis.call('GET', KEYS[4])
-    -- The marker names the fingerprint in hex (ARGV[8]), as markers written before the
-    -- binary record format did: a marker outlives an upgrade.
-    local fph = ARGV[8]
-    -- A repeat of this very submission (a retried call whose reply was lost) answers as the
-    -- first did: submit is safe to repeat per message id.
-    if not marker or marker == fph .. '|' .. message_id
-        or (force and string.sub(marker, 1, #fph) == fph) then
-      redis.call('SET', KEYS[4], fph .. '|' .. message_id, 'PX', pending_ms)
-      return answer('enqueue')
-    end
-    if string.sub(marker, 1, #fph) ~= fph then
+OPS.submit = function()
+  local fp, tool, pending_ms, message_id = A[3], A[4], tonumber(A[5]), A[6]
+  local force = A[7] == '1'
+  local s = rec and rec.s
+  local generation = 0
+  if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
+  local function answer(status, receipt)
+    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation}
+  end
+  local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
+  if not free then
+    if rec.f ~= fp then
       bump('conflict', tool)
       return answer('conflict')
     end
     bump('dup_submit', tool)
-    return answer('pending')
+    if s == 'DONE' then return answer('done', rec.r) end
+    if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
+      return answer('pending')
+    end
+    return answer('blocked')
   end
-  return submit()
+  local marker = redis.call('GET', K[4])
+  -- The marker names the fingerprint in hex (ARGV[8]), as markers written before the
+  -- binary record format did: a marker outlives an upgrade.
+  local fph = A[8]
+  -- A repeat of this very submission (a retried call whose reply was lost) answers as the
+  -- first did: submit is safe to repeat per message id.
+  if not marker or marker == fph .. '|' .. message_id
+      or (force and string.sub(marker, 1, #fph) == fph) then
+    redis.call('SET', K[4], fph .. '|' .. message_id, 'PX', pending_ms)
+    return answer('enqueue')
+  end
+  if string.sub(marker, 1, #fph) ~= fph then
+    bump('conflict', tool)
+    return answer('conflict')
+  end
+  bump('dup_submit', tool)
+  return answer('pending')
 end
 
 -- get(): the record as the JSON object of the format before this one (fingerprint in hex)
 -- and its PTTL, or nil: the one reader of the stored form is this script.
-if op == 'get' then
-  local function get()
-    if not rec then return false end
-    rec.f, rec.y = hex(rec.f), history(rec)
-    if rec.ln > 0 then rec.lr = late_list(rec) end
-    rec.lb, rec.ln, rec.yb, rec.yn = nil, nil, nil, nil
-    return {cjson.encode(rec), redis.call('PTTL', KEYS[1])}
-  end
-  return get()
+OPS.get = function()
+  if not rec then return false end
+  rec.f, rec.y = hex(rec.f), history(rec)
+  if rec.ln > 0 then rec.lr = late_list(rec) end
+  rec.lb, rec.ln, rec.yb, rec.yn = nil, nil, nil, nil
+  return {cjson.encode(rec), redis.call('PTTL', K[1])}
 end
 
-return redis.error_reply('unknown ledger op ' .. tostring(op))
+-- The entry point: KEYS and ARGV as above. ledger.py ends the file with the call that
+-- fits the server: `return run(KEYS, ARGV)` for EVALSHA, or the registration of `run` as
+-- a Redis Function.
+local function run(keys, args)
+  K, A = keys, args
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  key = A[2]
+  local blob = redis.call('GET', K[1])
+  rec = blob and decode(blob) or nil
+  local op = OPS[A[1]]
+  if not op then return redis.error_reply('unknown ledger op ' .. tostring(A[1])) end
+  return op()
+end
+

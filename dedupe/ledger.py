@@ -18,8 +18,7 @@ import inspect
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from importlib import resources
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -40,11 +39,11 @@ from .errors import (
 )
 from .identity import Effect
 from .records import Claim, EffectRecord, State, Submission, Takeover, Write
+from .script import LedgerScript, eval_script
 
 __all__ = ["DEFAULT_BUCKETS", "Ledger", "ledger_error"]
 
 DEFAULT_BUCKETS = 256
-_SCRIPT = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
 # Failover and resharding answers: the call did not run; the next one can.
 _TOPOLOGY = (
     redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
@@ -206,17 +205,6 @@ def _misdetected() -> LedgerUnavailableError:
     )
 
 
-class _LedgerScript(Script):
-    """ledger.lua on a plain client: a MOVED reply means the server is a cluster node and
-    the client was built for a single Redis (a misconfiguration, not bad input)."""
-
-    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        try:
-            return super().__call__(keys, args, client)
-        except redis.exceptions.MovedError:
-            raise _misdetected() from None
-
-
 class Ledger:
     """One record per effect key, bucketed so each call touches one hash slot.
 
@@ -262,10 +250,12 @@ class Ledger:
         self.max_request_bytes = max_request_bytes
         self.max_receipt_bytes = max_receipt_bytes
         self.max_raw_bytes = max_raw_bytes
-        # register_script evaluates by SHA and reloads on NOSCRIPT, so a Redis restart or
-        # failover (which empties the script cache) costs one extra round trip, not an error.
-        self._script: Script = (
-            client.register_script(_SCRIPT) if self.cluster else _LedgerScript(client, _SCRIPT)
+        # EVALSHA reloads on NOSCRIPT, so a Redis restart or failover (which empties the
+        # script cache) costs one extra round trip, not an error. Functions: script.py.
+        self._script = LedgerScript(
+            client,
+            eval_script(client),
+            functions=not self.cluster,
         )
         self._members: Script = client.register_script(_MEMBERS)
         if not allow_volatile:
@@ -445,22 +435,42 @@ class Ledger:
 
     def _send(self, op: str, key: str, argv: list[Any]) -> list[Any]:
         if not self.wait_replicas:
-            reply = self._script(keys=self._keys(key), args=argv)
+            try:
+                reply = self._script(self._keys(key), argv)
+            except redis.exceptions.MovedError:
+                # A plain client on a cluster node: a misconfiguration, not bad input.
+                if self.cluster:
+                    raise
+                raise _misdetected() from None
         else:
             # WAIT counts the replicas that acknowledged *this connection's* writes: the
             # script and WAIT share one pipeline to the key's master.
-            pipe = self._node_pipeline(key)
-            self._script(keys=self._keys(key), args=argv, client=pipe)
-            pipe.execute_command(  # type: ignore[no-untyped-call]
-                "WAIT", self.wait_replicas, self.wait_timeout_ms
-            )
-            reply, acked = pipe.execute()
+            def run() -> list[Any]:
+                pipe = self._node_pipeline(key)
+                self._script.queue(pipe, self._keys(key), argv)
+                pipe.execute_command(  # type: ignore[no-untyped-call]
+                    "WAIT", self.wait_replicas, self.wait_timeout_ms
+                )
+                return list(pipe.execute())
+
+            reply, acked = self._again_if_lost(run)
             if int(acked) < self.wait_replicas and op == "claim" and reply[0] == "acquired":
                 raise LedgerUnavailableError(
                     f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
                     key=key,
                 )
         return list(reply)
+
+    def _again_if_lost(self, run: Callable[[], list[Any]]) -> list[Any]:
+        """``run`` (a pipeline with ledger calls), once more if the server had lost the
+        Function library: a call that met "function not found" did not run."""
+        try:
+            return run()
+        except redis.ResponseError as exc:
+            if not self._script.missing(exc):
+                raise
+        self._script.reload()
+        return run()
 
     def _node_pipeline(self, key: str) -> redis.client.Pipeline:
         """A pipeline on one connection to the server holding ``key``."""
@@ -482,7 +492,9 @@ class Ledger:
             with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
                 self.client.nodes_manager.initialize()
 
-    def _script_batch(self, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+    def _script_batch(
+        self, calls: list[tuple[str, list[Any]]], *, read_only: bool = False
+    ) -> list[Any]:
         """The script for each (effect key, argv), pipelined: one round trip per server.
 
         Only for calls that are safe to repeat (``submit``: a repeat of one message id
@@ -492,11 +504,15 @@ class Ledger:
         ``_FAILOVER_S``: the node pipelines bypass the cluster client, which would do that
         for a single call."""
         if not isinstance(self.client, redis.RedisCluster):
-            pipe = self.client.pipeline(transaction=False)
-            for key, argv in calls:
-                self._script(keys=self._keys(key), args=argv, client=pipe)
-            try:
+
+            def run() -> list[Any]:
+                pipe = self.client.pipeline(transaction=False)
+                for key, argv in calls:
+                    self._script.queue(pipe, self._keys(key), argv, read_only=read_only)
                 return list(pipe.execute())
+
+            try:
+                return self._again_if_lost(run)
             except redis.exceptions.MovedError:
                 raise _misdetected() from None
         replies: list[Any] = [None] * len(calls)
@@ -504,7 +520,7 @@ class Ledger:
         deadline = time.monotonic() + _FAILOVER_S
         pause = 0.05
         while True:
-            again, failure = self._script_round(calls, todo, replies)
+            again, failure = self._script_round(calls, todo, replies, read_only)
             if not again:
                 return replies
             self._reread_slots()
@@ -515,7 +531,11 @@ class Ledger:
             todo = again
 
     def _script_round(
-        self, calls: list[tuple[str, list[Any]]], todo: list[int], replies: list[Any]
+        self,
+        calls: list[tuple[str, list[Any]]],
+        todo: list[int],
+        replies: list[Any],
+        read_only: bool,
     ) -> tuple[list[int], Exception]:
         """One pipeline per master for the calls ``todo``; fills ``replies``. Returns the
         calls to send again (their master failed or moved) and the last such error."""
@@ -532,7 +552,7 @@ class Ledger:
             pipe = node.pipeline(transaction=False)
             for i in indexes:
                 key, argv = calls[i]
-                self._script(keys=self._keys(key), args=argv, client=pipe)
+                self._script.queue(pipe, self._keys(key), argv, read_only=read_only)
             try:
                 results = pipe.execute(raise_on_error=False)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -545,7 +565,7 @@ class Ledger:
                 ):
                     # A slot being migrated: the cluster client follows the ASK redirect.
                     key, argv = calls[i]
-                    reply = self._script(keys=self._keys(key), args=argv)
+                    reply = self._script(self._keys(key), argv, read_only=read_only)
                 elif isinstance(reply, (*_TOPOLOGY, redis.ConnectionError, redis.TimeoutError)):
                     again.append(i)
                     failure = reply
@@ -803,7 +823,7 @@ class Ledger:
             return {}
         # The script is the one reader of the stored form: it answers the record as JSON.
         with self.guard(reread=True):
-            replies = self._script_batch([(key, ["get", key]) for key in keys])
+            replies = self._script_batch([(key, ["get", key]) for key in keys], read_only=True)
         return {
             key: None if reply is None else EffectRecord.from_blob(key, reply[0], int(reply[1]))
             for key, reply in zip(keys, replies, strict=True)
@@ -813,7 +833,7 @@ class Ledger:
         """The record's fields as the script reads them (the JSON object of the format before
         the binary one), for tests and benchmarks that compare whole records."""
         with self.guard(key):
-            reply = self._script(keys=self._keys(key), args=["get", key])
+            reply = self._script(self._keys(key), ["get", key], read_only=True)
         return None if reply is None else dict(json.loads(reply[0]))
 
     def keys_in(self, state: State, *, limit: int = 1000) -> list[str]:

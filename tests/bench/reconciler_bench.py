@@ -343,7 +343,7 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
                 "loader/1",
             ]
             args = [*claim, request, "", 0]  # no campaign, generation 0
-            ledger._script(keys=ledger._keys(effect.key), args=args, client=pipe)
+            ledger._script.queue(pipe, ledger._keys(effect.key), args)
         # A fresh record's first token is its bucket's floor + 1 (tokens outlive expired
         # records): commit under the token each claim was granted.
         claimed = pipe.execute()
@@ -351,7 +351,7 @@ def bulk_load(ledger: Ledger, client: redis.Redis, n: int) -> dict[str, float]:
             token = int(reply[1])
             receipt = compact({"id": f"eff_{effect.key[:12]}", "key": effect.key, "token": token})
             commit = ["commit", effect.key, token, receipt, "", retention_ms, "commit"]
-            ledger._script(keys=ledger._keys(effect.key), args=commit, client=pipe)
+            ledger._script.queue(pipe, ledger._keys(effect.key), commit)
         committed = pipe.execute()
         redis_s += time.perf_counter() - t1
         derive_s += t1 - t0

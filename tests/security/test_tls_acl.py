@@ -41,6 +41,7 @@ from workers.dev.redis_server import RedisServer, find_redis_binaries, free_port
 
 USER, PASSWORD, ADMIN_PASSWORD = "effectq", "s3cret-ledger-pw", "admin-pw-not-for-effectq"
 # The commands effectq sends (ledger.lua and the group script run theirs as this user too):
+# FCALL/FCALL_RO and FUNCTION LIST/LOAD (the ledger as a Redis Function, Redis 7),
 # EVALSHA/EVAL and SCRIPT LOAD/EXISTS (redis-py's pipelines check the script cache), the
 # reads and index maintenance of Ledger, CampaignStore, the reconciler and the metrics
 # scrape, INFO for the durability check, TIME, PING (health checks) and WAIT (the
@@ -49,6 +50,7 @@ USER, PASSWORD, ADMIN_PASSWORD = "effectq", "s3cret-ledger-pw", "admin-pw-not-fo
 # streams, campaigns and groups under "effectq:...".
 ACL_RULES = [
     "on", f">{PASSWORD}", "~effectq:*", "~{effectq:*", "resetchannels", "-@all",
+    "+fcall", "+fcall_ro", "+function|list", "+function|load",
     "+evalsha", "+eval", "+script|load", "+script|exists",
     "+get", "+set", "+del", "+pttl",
     "+pexpire", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcount",
@@ -58,6 +60,9 @@ ACL_RULES = [
     "+info", "+time", "+ping", "+wait",
 ]  # fmt: skip
 ACL_LINE = f"ACL SETUSER {USER} " + " ".join(ACL_RULES)
+# The same user as granted before the ledger became a Function: scripts only.
+SCRIPTS_USER = "effectq-scripts"
+SCRIPTS_RULES = [rule for rule in ACL_RULES if "fcall" not in rule and "function" not in rule]
 
 
 def _certificates(directory: Path) -> dict[str, Path]:
@@ -168,6 +173,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedisSer
     with server:
         admin = server.client()
         admin.execute_command("ACL", "SETUSER", USER, *ACL_RULES)  # type: ignore[no-untyped-call]
+        admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", SCRIPTS_USER, *SCRIPTS_RULES
+        )
         admin.close()
         yield server
 
@@ -218,6 +226,22 @@ def test_ledger_state_basics_over_tls_as_the_acl_user(ledger: Ledger) -> None:
     assert ledger.counts(), "stats hashes readable"
     assert ledger.get_many([effect.key, stale.key])[effect.key] is not None
     ledger.clear_pending(charge().key)
+    assert ledger._script.functions, "the ACL user calls the ledger as a Redis Function"
+
+
+def test_a_user_granted_scripts_but_not_functions_runs_the_ledger_by_evalsha(
+    tls_server: TlsRedisServer,
+) -> None:
+    # An ACL written for an earlier release (no FCALL / FUNCTION): the same ledger, by
+    # EVALSHA, rather than a refusal at every call.
+    ledger = Ledger.from_url(tls_server.ledger_url(user=SCRIPTS_USER))
+    effect = charge()
+    claim = ledger.claim(effect, lease_s=30, holder="w/1")
+    assert claim.outcome is ClaimOutcome.ACQUIRED
+    assert ledger.commit(effect.key, claim.token, {"id": "ch_1"}, retention_s=RETENTION_S).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.DONE
+    assert not ledger._script.functions
 
 
 def test_campaign_store_and_metrics_reads_over_tls(ledger: Ledger) -> None:
@@ -263,7 +287,8 @@ def test_commands_and_keys_outside_the_acl_are_refused(
 ) -> None:
     client = ledger.client
     for command in (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "*"), ("FLUSHDB",),
-                    ("ACL", "LIST"), ("SHUTDOWN",), ("SCRIPT", "FLUSH")):  # fmt: skip
+                    ("ACL", "LIST"), ("SHUTDOWN",), ("SCRIPT", "FLUSH"),
+                    ("FUNCTION", "FLUSH"), ("FUNCTION", "DELETE", "x")):  # fmt: skip
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.execute_command(*command)  # type: ignore[no-untyped-call]
     with pytest.raises(redis.exceptions.NoPermissionError):

@@ -1,0 +1,127 @@
+"""``ledger.lua`` as the server runs it: a Redis Function where it can, EVALSHA where not.
+
+A Function library is loaded once per server, so its constants and helpers are built once;
+an EVALSHA script runs its whole file on every call. On a single Redis 7 that is about a
+third of the script time of a claim and a commit (``tests/bench/ledger_bench.py``).
+
+EVALSHA remains for Redis 6.2 (no Functions), for a user whose ACL allows scripts but not
+``FCALL`` / ``FUNCTION``, and on a Redis Cluster (redis-py asks a cluster node for the keys
+of every ``FCALL`` it routes: one more round trip per call). The two run the same file;
+only its last line differs.
+
+The library is named after a digest of its source, so a rolling upgrade loads the new one
+beside the old (each release calls its own); ``FUNCTION LOAD`` never replaces a library.
+A library lost since it was loaded (``FUNCTION FLUSH``, a restart without persistence) is
+loaded again and the call sent once more: a call that met "function not found" did not run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+__all__ = ["LIBRARY", "READER", "SOURCE", "LedgerScript", "eval_script"]
+
+SOURCE = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
+_EVAL_SOURCE = SOURCE + "\nreturn run(KEYS, ARGV)\n"
+LIBRARY = "effectq_ledger_" + hashlib.sha1(SOURCE.encode("utf-8")).hexdigest()[:16]
+# Two names for one entry point: the reads (op ``get``) go as a function flagged no-writes,
+# which a full server (OOM) and a read-only replica still run; a write-capable function is
+# refused whole by a server over maxmemory, before it runs.
+READER = LIBRARY + "_ro"
+_FUNCTION_SOURCE = (
+    f"#!lua name={LIBRARY}\n{SOURCE}\n"
+    f"redis.register_function('{LIBRARY}', run)\n"
+    f"redis.register_function{{function_name='{READER}', callback=run, flags={{'no-writes'}}}}\n"
+)
+# Answers that mean "no Functions for this client here": Redis 6.2 does not know the
+# commands; an ACL may refuse them (NOPERM).
+_NO_FUNCTIONS = ("unknown command", "NOPERM", "no permissions")
+
+
+def _missing(exc: BaseException) -> bool:
+    return isinstance(exc, redis.ResponseError) and "Function not found" in str(exc)
+
+
+class LedgerScript:
+    """Calls ``ledger.lua`` with (keys, args), directly or queued on a pipeline.
+
+    ``script`` is the EVALSHA form (redis-py's Script: it reloads on NOSCRIPT). Whether the
+    server takes Functions is asked once, at the first call (``FUNCTION LIST``, then
+    ``FUNCTION LOAD`` if the library is not there)."""
+
+    def __init__(self, client: Any, script: Script, *, functions: bool) -> None:
+        self._client = client
+        self._script = script
+        self._functions: bool | None = None if functions else False
+        self._lock = threading.Lock()
+
+    @property
+    def functions(self) -> bool:
+        """Calls go as FCALL (asks the server the first time)."""
+        if self._functions is None:
+            with self._lock:
+                if self._functions is None:
+                    self._functions = self._load()
+        return self._functions
+
+    def _load(self) -> bool:
+        try:
+            if not self._client.function_list(library=LIBRARY):
+                try:
+                    self._client.function_load(_FUNCTION_SOURCE)
+                except redis.ResponseError as exc:
+                    if "already exists" not in str(exc):  # another process loaded it first
+                        raise
+        except redis.ResponseError as exc:
+            if any(text in str(exc) for text in _NO_FUNCTIONS):
+                return False
+            raise
+        return True
+
+    def reload(self) -> None:
+        """Load the library again (it was lost: "function not found")."""
+        with self._lock:
+            self._functions = self._load()
+
+    def __call__(self, keys: list[str], args: list[Any], *, read_only: bool = False) -> Any:
+        """One call; ``read_only`` for the ops that write nothing (``get``)."""
+        if not self.functions:
+            return self._script(keys=keys, args=args)
+        try:
+            return self._client.execute_command(*self._fcall(keys, args, read_only))
+        except redis.ResponseError as exc:
+            if not _missing(exc):
+                raise
+        self.reload()
+        return self(keys, args, read_only=read_only)
+
+    def queue(
+        self, pipe: Any, keys: list[str], args: list[Any], *, read_only: bool = False
+    ) -> None:
+        """Queue one call on ``pipe``; a pipeline that meets ``missing`` goes again."""
+        if self.functions:
+            pipe.execute_command(*self._fcall(keys, args, read_only))
+        else:
+            self._script(keys=keys, args=args, client=pipe)
+
+    @staticmethod
+    def _fcall(keys: list[str], args: list[Any], read_only: bool) -> list[Any]:
+        if read_only:
+            return ["FCALL_RO", READER, len(keys), *keys, *args]
+        return ["FCALL", LIBRARY, len(keys), *keys, *args]
+
+    @staticmethod
+    def missing(exc: BaseException) -> bool:
+        """The library is not on the server (the call did not run)."""
+        return _missing(exc)
+
+
+def eval_script(client: Any) -> Script:
+    """The EVALSHA form of ledger.lua for ``client``."""
+    return Script(client, _EVAL_SOURCE)
