@@ -28,49 +28,68 @@ MAX_JSON_INT = 2**53 - 1
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_-]{0,31}")
 
 
-def _child(field: str, key: str) -> str:
-    return f"{field}.{key}" if _NAME.fullmatch(key) else f"{field}.{{…}}"
+# Where a value sits inside its field, kept as (parent, index or key) links and spelled
+# out only for an error message: building the string for every node cost more than the
+# normalization itself.
+_Path = tuple[Any, int | str] | str
+
+
+def _where(path: _Path) -> str:
+    steps: list[str] = []
+    while isinstance(path, tuple):
+        path, step = path
+        if isinstance(step, int):
+            steps.append(f"[{step}]")
+        else:
+            steps.append(f".{step}" if _NAME.fullmatch(step) else ".{…}")
+    return path + "".join(reversed(steps))
 
 
 def nfc_deep(value: Any, *, field: str = "$", depth: int = 0) -> Any:
     """Return ``value`` with every string (keys included) in NFC; refuse what JSON cannot say."""
+    return _nfc(value, field, depth)
+
+
+def _refuse(path: _Path, problem: str) -> CanonicalizationError:
+    where = _where(path)
+    return CanonicalizationError(f"{where}: {problem}", field=where)
+
+
+def _nfc(value: Any, path: _Path, depth: int) -> Any:
     if depth > MAX_DEPTH:
-        raise CanonicalizationError(f"{field}: nested deeper than {MAX_DEPTH}", field=field)
+        raise _refuse(path, f"nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise CanonicalizationError(f"{field}: not valid Unicode text", field=field) from None
+            raise _refuse(path, "not valid Unicode text") from None
         return unicodedata.normalize("NFC", value)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         if abs(value) > MAX_JSON_INT:
-            raise CanonicalizationError(
-                f"{field}: an integer beyond ±(2**53 - 1) has no exact JSON number; "
-                "pass it as a string",
-                field=field,
+            raise _refuse(
+                path,
+                "an integer beyond ±(2**53 - 1) has no exact JSON number; pass it as a string",
             )
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise CanonicalizationError(f"{field}: NaN and Infinity have no JSON form", field=field)
+            raise _refuse(path, "NaN and Infinity have no JSON form")
         return value
     if isinstance(value, list | tuple):
-        return [nfc_deep(v, field=f"{field}[{i}]", depth=depth + 1) for i, v in enumerate(value)]
+        return [_nfc(v, (path, i), depth + 1) for i, v in enumerate(value)]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise CanonicalizationError(f"{field}: object keys must be strings", field=field)
-            nk = nfc_deep(k, field=field, depth=depth + 1)
+                raise _refuse(path, "object keys must be strings")
+            nk = _nfc(k, path, depth + 1)
             if nk in out:
-                raise CanonicalizationError(
-                    f"{field}: keys collide after Unicode normalization", field=field
-                )
-            out[nk] = nfc_deep(v, field=_child(field, nk), depth=depth + 1)
+                raise _refuse(path, "keys collide after Unicode normalization")
+            out[nk] = _nfc(v, (path, nk), depth + 1)
         return out
-    raise CanonicalizationError(f"{field}: {type(value).__name__} is not a JSON value", field=field)
+    raise _refuse(path, f"{type(value).__name__} is not a JSON value")
 
 
 def canonical_bytes(value: Any, *, field: str = "$", limit: int = MAX_CANONICAL_BYTES) -> bytes:
