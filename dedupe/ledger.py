@@ -462,14 +462,13 @@ class Ledger:
         return list(reply)
 
     def _again_if_lost(self, run: Callable[[], list[Any]]) -> list[Any]:
-        """``run`` (a pipeline with ledger calls), once more if the server had lost the
-        Function library: a call that met "function not found" did not run."""
+        """``run`` (a pipeline with ledger calls), once more when its error says the calls
+        did not run and the script can recover (``LedgerScript.recover``)."""
         try:
             return run()
         except redis.ResponseError as exc:
-            if not self._script.missing(exc):
+            if not self._script.recover(exc):
                 raise
-        self._script.reload()
         return run()
 
     def _node_pipeline(self, key: str) -> redis.client.Pipeline:

@@ -48,6 +48,12 @@ def _missing(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and "Function not found" in str(exc)
 
 
+def _fcall_refused(exc: BaseException) -> bool:
+    # An ACL that grants FUNCTION LIST / LOAD but not FCALL (a key outside the user's
+    # patterns is refused with another message, and stays an error).
+    return isinstance(exc, redis.exceptions.NoPermissionError) and "'fcall" in str(exc)
+
+
 class LedgerScript:
     """Calls ``ledger.lua`` with (keys, args), directly or queued on a pipeline.
 
@@ -84,27 +90,38 @@ class LedgerScript:
             raise
         return True
 
-    def reload(self) -> None:
-        """Load the library again (it was lost: "function not found")."""
-        with self._lock:
-            self._functions = self._load()
+    def recover(self, exc: BaseException) -> bool:
+        """After ``exc`` from a call: True when that call did not run and may be sent again
+        — the library was lost and is loaded again, or FCALL is refused to this user and
+        calls go by EVALSHA from now on."""
+        if _missing(exc):
+            with self._lock:
+                self._functions = self._load()
+            return True
+        if _fcall_refused(exc):
+            with self._lock:
+                self._functions = False
+            return True
+        return False
 
     def __call__(self, keys: list[str], args: list[Any], *, read_only: bool = False) -> Any:
         """One call; ``read_only`` for the ops that write nothing (``get``)."""
+        try:
+            return self._once(keys, args, read_only)
+        except redis.ResponseError as exc:
+            if not self.recover(exc):
+                raise
+        return self._once(keys, args, read_only)
+
+    def _once(self, keys: list[str], args: list[Any], read_only: bool) -> Any:
         if not self.functions:
             return self._script(keys=keys, args=args)
-        try:
-            return self._client.execute_command(*self._fcall(keys, args, read_only))
-        except redis.ResponseError as exc:
-            if not _missing(exc):
-                raise
-        self.reload()
-        return self(keys, args, read_only=read_only)
+        return self._client.execute_command(*self._fcall(keys, args, read_only))
 
     def queue(
         self, pipe: Any, keys: list[str], args: list[Any], *, read_only: bool = False
     ) -> None:
-        """Queue one call on ``pipe``; a pipeline that meets ``missing`` goes again."""
+        """Queue one call on ``pipe``; a pipeline whose error ``recover`` takes goes again."""
         if self.functions:
             pipe.execute_command(*self._fcall(keys, args, read_only))
         else:
@@ -115,11 +132,6 @@ class LedgerScript:
         if read_only:
             return ["FCALL_RO", READER, len(keys), *keys, *args]
         return ["FCALL", LIBRARY, len(keys), *keys, *args]
-
-    @staticmethod
-    def missing(exc: BaseException) -> bool:
-        """The library is not on the server (the call did not run)."""
-        return _missing(exc)
 
 
 def eval_script(client: Any) -> Script:

@@ -121,3 +121,21 @@ def test_reads_answer_on_a_full_server_and_writes_are_refused_whole(
         admin.config_set("maxmemory", 0)
     record = ledger.get(effect.key)
     assert record is not None and record.state is State.CLAIMED
+
+
+def test_a_user_refused_fcall_but_granted_function_load_falls_back_to_evalsha(
+    redis7: RedisServer,
+) -> None:
+    # A partial grant: the library loads, FCALL is refused. The refused call did not run;
+    # it goes again by EVALSHA, and so does every call after it.
+    redis7.client().execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "partial", "on", ">pw", "~*", "+@all", "-fcall", "-fcall_ro"
+    )
+    url = f"redis://partial:pw@127.0.0.1:{redis7.port}/0"
+    ledger = Ledger.from_url(url, namespace=f"fn{uuid.uuid4().hex[:8]}")
+    effect = charge()
+    claim = ledger.claim(effect, lease_s=30, holder="w/1")
+    assert claim.outcome is ClaimOutcome.ACQUIRED and not ledger._script.functions
+    assert ledger.commit(effect.key, claim.token, {"id": "ch_1"}, retention_s=RETENTION_S).ok
+    record = ledger.get(effect.key)
+    assert record is not None and record.state is State.DONE and record.attempts == 1
