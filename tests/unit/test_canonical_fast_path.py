@@ -1,0 +1,87 @@
+"""``canonical_bytes`` spells plain values with the standard library's JSON encoder and the
+rest with ``rfc8785``: here both are held to the same bytes, on generated values that take
+the fast path (strings of any code point, control characters included; integers; nested
+arrays and objects with ASCII keys) and on the values that must not take it."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedupe.canonical import MAX_JSON_INT, _nfc, canonical_bytes
+
+# Text of any code point but lone surrogates (not Unicode text: refused before encoding),
+# weighted towards what encoders escape or reorder: controls, quotes, backslashes, U+2028,
+# U+007F, characters above U+FFFF.
+_SPECIAL = st.sampled_from(
+    ['"', "\\", "\b", "\f", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "\u2028", "\u2029",
+     "\ue000", "\uffff", "\U00010000", "\U0001f600", "é", "e\u0301"]
+)  # fmt: skip
+_TEXT = st.lists(st.one_of(_SPECIAL, st.characters(blacklist_categories=("Cs",))), max_size=12).map(
+    "".join
+)
+_ASCII_KEY = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=8)
+_INT = st.integers(min_value=-MAX_JSON_INT, max_value=MAX_JSON_INT)
+_SCALAR = st.one_of(st.none(), st.booleans(), _INT, _TEXT)
+_PLAIN = st.recursive(
+    _SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5), st.dictionaries(_ASCII_KEY, inner, max_size=5)
+    ),
+    max_leaves=25,
+)
+
+
+def _reference(value: Any) -> bytes:
+    out: bytes = rfc8785.dumps(_nfc(value, "$", 0, [True]))
+    return out
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_PLAIN)
+def test_the_fast_path_spells_plain_values_as_rfc8785_does(value: Any) -> None:
+    plain = [True]
+    _nfc(value, "$", 0, plain)
+    assert plain[0]
+    assert canonical_bytes(value) == _reference(value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.recursive(
+        st.one_of(_SCALAR, st.floats(allow_nan=False, allow_infinity=False)),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(_TEXT, inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_floats_and_non_ascii_keys_are_spelled_by_rfc8785(value: Any) -> None:
+    # Whatever path a value takes, the bytes are RFC 8785's.
+    try:
+        expected = _reference(value)
+    except Exception:
+        return
+    assert canonical_bytes(value) == expected
+
+
+def test_values_the_stdlib_would_spell_otherwise_leave_the_fast_path() -> None:
+    for value in (
+        1.0, {"a": 1e21}, [0.1], -0.0,  # ECMAScript number spelling: "1", "1e+21", "0"
+        {"\ue000": 1, "\U0001f600": 2},  # code point order differs from UTF-16 order
+    ):  # fmt: skip
+        plain = [True]
+        _nfc(value, "$", 0, plain)
+        assert not plain[0], value
+        assert canonical_bytes(value) == _reference(value)
+    assert canonical_bytes({"\ue000": 1, "\U0001f600": 2}) == '{"\U0001f600":2,"\ue000":1}'.encode()
+    assert canonical_bytes(1.0) == b"1"
+
+
+def test_keys_are_normalized_before_they_are_sorted() -> None:
+    decomposed = unicodedata.normalize("NFD", "é")
+    assert canonical_bytes({"z": decomposed, "a": [decomposed]}) == '{"a":["é"],"z":"é"}'.encode()
