@@ -77,6 +77,8 @@ def _nfc(value: Any, path: _Path, depth: int, plain: list[bool]) -> Any:
     if depth > MAX_DEPTH:
         raise _refuse(path, f"nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
+        if value.isascii():  # NFC and valid as it is: most keys, names and identifiers
+            return value
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
