@@ -124,13 +124,14 @@ def server_usec(delta: Stats) -> int:
 
 
 class CountingConnection(redis.Connection):
-    """Counts the commands a client sends (round trips on the non-pipelined hot path)."""
+    """Counts the writes a client makes to its socket: one per command, one per pipeline
+    (a round trip either way)."""
 
     sent = 0
 
-    def send_command(self, *args: Any, **kwargs: Any) -> None:
+    def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
         CountingConnection.sent += 1
-        super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        super().send_packed_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def counting_client(port: int, db: int) -> redis.Redis:
