@@ -2,7 +2,7 @@
 
 A Function library is loaded once per server, so its constants and helpers are built once;
 an EVALSHA script runs its whole file on every call. On a single Redis 7 that is about a
-third of the script time of a claim and a commit (``tests/bench/ledger_bench.py``).
+quarter of the script time of a claim and a commit (``tests/bench/ledger_bench.py``).
 
 EVALSHA remains for Redis 6.2 (no Functions), for a user whose ACL allows scripts but not
 ``FCALL`` / ``FUNCTION``, and on a Redis Cluster (redis-py asks a cluster node for the keys
