@@ -18,7 +18,7 @@ import inspect
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -39,7 +39,7 @@ from .errors import (
 )
 from .identity import Effect
 from .records import Claim, EffectRecord, State, Submission, Takeover, Write
-from .script import LedgerScript, eval_script
+from .script import LedgerScript
 
 __all__ = ["DEFAULT_BUCKETS", "Ledger", "ledger_error"]
 
@@ -252,11 +252,7 @@ class Ledger:
         self.max_raw_bytes = max_raw_bytes
         # EVALSHA reloads on NOSCRIPT, so a Redis restart or failover (which empties the
         # script cache) costs one extra round trip, not an error. Functions: script.py.
-        self._script = LedgerScript(
-            client,
-            eval_script(client),
-            functions=not self.cluster,
-        )
+        self._script = LedgerScript(client, functions=not self.cluster)
         self._members: Script = client.register_script(_MEMBERS)
         if not allow_volatile:
             self.check_durability()
@@ -453,23 +449,13 @@ class Ledger:
                 )
                 return list(pipe.execute())
 
-            reply, acked = self._again_if_lost(run)
+            reply, acked = self._script.again_if_lost(run)
             if int(acked) < self.wait_replicas and op == "claim" and reply[0] == "acquired":
                 raise LedgerUnavailableError(
                     f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
                     key=key,
                 )
         return list(reply)
-
-    def _again_if_lost(self, run: Callable[[], list[Any]]) -> list[Any]:
-        """``run`` (a pipeline with ledger calls), once more when its error says the calls
-        did not run and the script can recover (``LedgerScript.recover``)."""
-        try:
-            return run()
-        except redis.ResponseError as exc:
-            if not self._script.recover(exc):
-                raise
-        return run()
 
     def _node_pipeline(self, key: str) -> redis.client.Pipeline:
         """A pipeline on one connection to the server holding ``key``."""
@@ -511,7 +497,7 @@ class Ledger:
                 return list(pipe.execute())
 
             try:
-                return self._again_if_lost(run)
+                return self._script.again_if_lost(run)
             except redis.exceptions.MovedError:
                 raise _misdetected() from None
         replies: list[Any] = [None] * len(calls)

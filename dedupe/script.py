@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
 
-__all__ = ["LIBRARY", "READER", "SOURCE", "LedgerScript", "eval_script"]
+__all__ = ["LIBRARY", "READER", "SOURCE", "LedgerScript"]
+
+T = TypeVar("T")
 
 SOURCE = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
 _EVAL_SOURCE = SOURCE + "\nreturn run(KEYS, ARGV)\n"
@@ -54,13 +57,13 @@ def _fcall_refused(exc: BaseException) -> bool:
 class LedgerScript:
     """Calls ``ledger.lua`` with (keys, args), directly or queued on a pipeline.
 
-    ``script`` is the EVALSHA form (redis-py's Script: it reloads on NOSCRIPT). Whether the
-    server takes Functions is asked once, at the first call (``FUNCTION LIST``, then
-    ``FUNCTION LOAD`` if the library is not there)."""
+    The EVALSHA form is redis-py's Script (it reloads on NOSCRIPT). Whether the server takes
+    Functions is asked once, at the first call (``FUNCTION LIST``, then ``FUNCTION LOAD``
+    if the library is not there); ``functions=False`` never asks (a cluster)."""
 
-    def __init__(self, client: Any, script: Script, *, functions: bool) -> None:
+    def __init__(self, client: Any, *, functions: bool) -> None:
         self._client = client
-        self._script = script
+        self._script = Script(client, _EVAL_SOURCE)
         self._functions: bool | None = None if functions else False
         self._lock = threading.Lock()
 
@@ -102,14 +105,19 @@ class LedgerScript:
             return True
         return False
 
-    def __call__(self, keys: list[str], args: list[Any], *, read_only: bool = False) -> Any:
-        """One call; ``read_only`` for the ops that write nothing (``get``)."""
+    def again_if_lost(self, run: Callable[[], T]) -> T:
+        """``run`` (one call, or a pipeline of them), once more when its error says the
+        calls did not run and ``recover`` took it."""
         try:
-            return self._once(keys, args, read_only)
+            return run()
         except redis.ResponseError as exc:
             if not self.recover(exc):
                 raise
-        return self._once(keys, args, read_only)
+        return run()
+
+    def __call__(self, keys: list[str], args: list[Any], *, read_only: bool = False) -> Any:
+        """One call; ``read_only`` for the ops that write nothing (``get``)."""
+        return self.again_if_lost(lambda: self._once(keys, args, read_only))
 
     def _once(self, keys: list[str], args: list[Any], read_only: bool) -> Any:
         if not self.functions:
@@ -119,7 +127,7 @@ class LedgerScript:
     def queue(
         self, pipe: Any, keys: list[str], args: list[Any], *, read_only: bool = False
     ) -> None:
-        """Queue one call on ``pipe``; a pipeline whose error ``recover`` takes goes again."""
+        """Queue one call on ``pipe`` (run the pipeline through ``again_if_lost``)."""
         if self.functions:
             pipe.execute_command(*self._fcall(keys, args, read_only))
         else:
@@ -130,8 +138,3 @@ class LedgerScript:
         if read_only:
             return ["FCALL_RO", READER, len(keys), *keys, *args]
         return ["FCALL", LIBRARY, len(keys), *keys, *args]
-
-
-def eval_script(client: Any) -> Script:
-    """The EVALSHA form of ledger.lua for ``client``."""
-    return Script(client, _EVAL_SOURCE)

@@ -3,7 +3,6 @@ loaded again when the server lost it, and EVALSHA where Functions are missing.""
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,17 +16,17 @@ from tests.support.ledgers import RETENTION_S, charge
 from workers.dev.redis_server import RedisServer, find_redis_binaries
 
 
-def _major(binary: str) -> int:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
-    return int(out.stdout.split("v=", 1)[1].split(".", 1)[0])
+def _major(server: RedisServer) -> int:
+    return int(server.version.split(".", 1)[0])
 
 
 @pytest.fixture
 def redis7(tmp_path: Path) -> Iterator[RedisServer]:
     """The system redis-server (CI installs Redis 7): the one with Functions."""
     binary = find_redis_binaries().get("system")
-    assert binary is not None and _major(binary) >= 7, "these tests need a Redis 7 binary"
+    assert binary is not None, "these tests need a Redis 7 binary"
     with RedisServer(binary, tmp_path / "redis", aof=True) as server:
+        assert _major(server) >= 7, "these tests need a Redis 7 binary"
         yield server
 
 
@@ -65,7 +64,7 @@ def test_each_binary_runs_the_ledger_the_way_it_can(redis_server: RedisServer) -
     record = ledger.get(effect.key)
     assert record is not None and record.state is State.DONE
     calls = _calls(redis_server)
-    if _major(redis_server.binary) >= 7:
+    if _major(redis_server) >= 7:
         assert calls["fcall"] == 2 and calls["fcall_ro"] == 1 and calls["evalsha"] == 0
         assert _libraries(redis_server) == {LIBRARY: sorted([LIBRARY, READER])}
     else:
