@@ -75,13 +75,15 @@ _REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 # ledger.lua stores the request, receipt and raw response lengths in 3 bytes, notes in 2.
 _MAX_TEXT_BYTES = 2**24 - 1
 _NOTE_CHARS = 500  # 500 characters are at most 2,000 bytes
-# Ops sent once more after a failover error re-read the slot map: their repeat is harmless
-# even if the first try ran and only its reply was lost (heartbeat extends the lease again;
-# commit, fail and handover under the same token answer ok again; submit finds its own
-# marker). Not claim (a repeat answers in_flight against our own claim: the effect waits
+# Ops sent once more after a lost reply (a timeout, a dropped connection; on a cluster
+# after the slot map is re-read): a repeat is harmless even if the first try ran
+# (heartbeat extends the lease again; commit, fail and handover under the same token answer
+# ok again). Not claim (a repeat answers in_flight against our own claim: the effect waits
 # for the lease and the reconciler), takeover (a repeat answers "lease live" and the token
 # is lost), unknown (a repeat counts as a fenced write), operate and recheck (a repeat is
-# refused).
+# refused): those go again only when the first certainly did not run (_did_not_run).
+# Submit batches have their own loop (_script_batch). The client never resends itself
+# (Ledger.__init__).
 _REPEATABLE = frozenset({"heartbeat", "commit", "fail", "handover"})
 # How long a batch of submits keeps re-sending through a failover (node timeout, election,
 # promotion: seconds on a healthy cluster).
@@ -94,6 +96,18 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
+
+
+def _did_not_run(exc: BaseException | None) -> bool:
+    """The call never reached a server that could run it: refused before running (a
+    failover, a moved slot, a demoted master), or its connection never opened — redis-py
+    words only a connect failure "connecting to" (``format_error_message``), and a lost
+    reply never so."""
+    if isinstance(exc, _TOPOLOGY):
+        return True
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and (
+        "connecting to" in str(exc)
+    )
 
 
 def _compact(value: Any) -> str:
@@ -212,7 +226,9 @@ class Ledger:
     ----------
     client:
         a ``redis.Redis`` or ``redis.RedisCluster`` client with ``decode_responses=True``.
-        Keep the ledger in its own database or server, apart from the broker.
+        Keep the ledger in its own database or server, apart from the broker. The ledger
+        sets the client's retry policy to none: which calls may be sent again after a
+        reply lost on the wire is its decision (a claim is not; a commit is, once).
     allow_volatile:
         accept a Redis without AOF, or one that evicts keys (``maxmemory-policy`` other than
         ``noeviction``). A ledger that forgets grants a second claim, so this is refused
@@ -242,6 +258,10 @@ class Ledger:
             raise ValueError("the request, receipt and raw response bounds are at most 16 MiB")
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
+        # The ledger decides what is sent again after a lost reply (_REPEATABLE), so the
+        # client must not: redis-py's constructor and its cluster client resend a command
+        # that timed out, which for a claim answers in_flight against its own claim.
+        client.set_retry(Retry(NoBackoff(), 0))
         self.client = client
         self.namespace = namespace
         self.buckets = buckets
@@ -423,9 +443,11 @@ class Ledger:
             with self.guard(key, reread=True):
                 return self._send(op, key, argv)
         except LedgerUnavailableError as exc:
-            # Once more on the fresh slot map, where a repeat is harmless (_REPEATABLE).
-            failover = (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY)
-            if repeat and op in _REPEATABLE and isinstance(exc.__context__, failover):
+            # Once more (on the fresh slot map) where that cannot run it twice: the first
+            # did not run, or running it again is harmless (_REPEATABLE).
+            cause = exc.__context__
+            lost = isinstance(cause, (redis.ConnectionError, redis.TimeoutError))
+            if repeat and (_did_not_run(cause) or (lost and op in _REPEATABLE)):
                 return self._call(op, key, *args, repeat=False)
             raise
 

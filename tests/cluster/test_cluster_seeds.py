@@ -101,7 +101,7 @@ def test_a_transient_info_error_on_the_first_seed_still_detects_the_cluster(
     replica = next(n for n in cluster.nodes if n not in cluster.masters())
     _paused(replica.url, 3000)
     try:
-        ledger = fresh_ledger(cluster.seeds(replica), socket_timeout=0.5)
+        ledger = fresh_ledger(cluster.seeds(replica), socket_timeout=1.0)
         assert ledger.cluster
         claims_work(ledger, spread())
     finally:
