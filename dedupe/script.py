@@ -18,6 +18,7 @@ loaded again and the call sent once more: a call that met "function not found" d
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -44,6 +45,20 @@ _FUNCTION_SOURCE = (
 )
 
 
+class _Held(threading.local):
+    """Per thread: its connection, and the process that made it."""
+
+    conn: Any = None
+    pid = 0
+
+
+def _ask(conn: Any, command: list[Any]) -> Any:
+    """One command on ``conn``: it closes itself on a socket error or a timeout (a late
+    reply must not answer the next call); an error reply leaves it in step."""
+    conn.send_packed_command(conn.pack_command(*command))
+    return conn.read_response()
+
+
 def _missing(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and "Function not found" in str(exc)
 
@@ -57,15 +72,20 @@ def _fcall_refused(exc: BaseException) -> bool:
 class LedgerScript:
     """Calls ``ledger.lua`` with (keys, args), directly or queued on a pipeline.
 
-    The EVALSHA form is redis-py's Script (it reloads on NOSCRIPT). Whether the server takes
-    Functions is asked once, at the first call (``FUNCTION LIST``, then ``FUNCTION LOAD``
-    if the library is not there); ``functions=False`` never asks (a cluster)."""
+    Whether the server takes Functions is asked once, at the first call (``FUNCTION
+    LIST``, then ``FUNCTION LOAD`` if the library is not there); ``functions=False`` never
+    asks (a cluster). EVALSHA loads the script again on NOSCRIPT. Single calls go on a
+    connection each thread keeps (``_connection``); on a cluster and in pipelines they go
+    through redis-py's client (its Script for EVALSHA)."""
 
     def __init__(self, client: Any, *, functions: bool) -> None:
         self._client = client
         self._script = Script(client, _EVAL_SOURCE)
         self._functions: bool | None = None if functions else False
         self._lock = threading.Lock()
+        self._held = _Held()
+        # A cluster client routes each call itself (its connections are per node).
+        self._pooled = isinstance(client, redis.RedisCluster)
 
     @property
     def functions(self) -> bool:
@@ -120,9 +140,38 @@ class LedgerScript:
         return self.again_if_lost(lambda: self._once(keys, args, read_only))
 
     def _once(self, keys: list[str], args: list[Any], read_only: bool) -> Any:
-        if not self.functions:
+        if self._pooled:
             return self._script(keys=keys, args=args)
-        return self._client.execute_command(*self._fcall(keys, args, read_only))
+        conn = self._connection()
+        if self.functions:
+            return _ask(conn, self._fcall(keys, args, read_only))
+        evalsha = ["EVALSHA", self._script.sha, len(keys), *keys, *args]
+        try:
+            return _ask(conn, evalsha)
+        except redis.exceptions.NoScriptError:  # a restart or a failover emptied the cache
+            _ask(conn, ["SCRIPT", "LOAD", _EVAL_SOURCE])
+            return _ask(conn, evalsha)
+
+    def _connection(self) -> Any:
+        """This thread's own connection to the server. Taking one from the pool and
+        giving it back costs about as much CPU as the call itself (redis-py 8 counts every
+        checkout for its metrics); a thread's calls are sequential, so it keeps one. Made
+        again after a fork; a connection the server closed (a restart) is reopened before
+        the call, as the pool does at checkout."""
+        held, pid = self._held, os.getpid()
+        conn = held.conn
+        if conn is None or held.pid != pid:
+            pool = self._client.connection_pool
+            conn = held.conn = pool.connection_class(**pool.connection_kwargs)
+            held.pid = pid
+        elif conn._sock is not None:  # (redis-py 5 has no is_connected)
+            try:
+                stale = conn.can_read()  # EOF or stray bytes: not a connection to send on
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                stale = True
+            if stale:
+                conn.disconnect()
+        return conn
 
     def queue(
         self, pipe: Any, keys: list[str], args: list[Any], *, read_only: bool = False

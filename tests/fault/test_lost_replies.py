@@ -48,7 +48,8 @@ def through(request: pytest.FixtureRequest) -> Through:
         else:
             client = redis.Redis(port=proxy.port, socket_timeout=TIMEOUT_S, decode_responses=True)
             ledger = Ledger(client, namespace="lost")
-        ledger.get("0" * 64)  # connected, script or library loaded
+        # Connected (the connection this thread's calls go on), script or library loaded.
+        assert ledger.claim(charge(), lease_s=60, holder="warm-up").acquired
         return ledger
 
     return build
