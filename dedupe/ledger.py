@@ -519,6 +519,9 @@ class Ledger:
                 return list(pipe.execute())
 
             try:
+                if len(calls) == 1:  # on this thread's connection: no pool checkout
+                    [(key, argv)] = calls
+                    return [self._script(self._keys(key), argv, read_only=read_only)]
                 return self._script.again_if_lost(run)
             except redis.exceptions.MovedError:
                 raise _misdetected() from None
