@@ -39,11 +39,10 @@ def proxied_ledger(cluster: LocalCluster, proxies: dict[int, ReplyLosingProxy]) 
         host, port = address
         return ("127.0.0.1", proxies[port].port) if port in proxies else (host, port)
 
-    ledger = Ledger.from_url(
+    return Ledger.from_url(
         cluster.url, cluster=True, namespace="lost", socket_timeout=TIMEOUT_S,
         address_remap=remap,
     )  # fmt: skip
-    return ledger
 
 
 def script_calls(cluster: LocalCluster) -> int:
