@@ -53,10 +53,18 @@ class _Held(threading.local):
 
 
 def _ask(conn: Any, command: list[Any]) -> Any:
-    """One command on ``conn``: it closes itself on a socket error or a timeout (a late
-    reply must not answer the next call); an error reply leaves it in step."""
-    conn.send_packed_command(conn.pack_command(*command))
-    return conn.read_response()
+    """One command on ``conn``. An error reply leaves it in step; anything else that stops
+    the call between send and reply — a socket error, a timeout, an exception raised into
+    the thread (Dramatiq's time limit and shutdown) — closes it, so a late reply can never
+    answer the thread's next call."""
+    try:
+        conn.send_packed_command(conn.pack_command(*command))
+        return conn.read_response()
+    except redis.ResponseError:
+        raise
+    except BaseException:
+        conn.disconnect()
+        raise
 
 
 def _missing(exc: BaseException) -> bool:

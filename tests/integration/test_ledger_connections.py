@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
+
 from dedupe import ClaimOutcome, Ledger, State
 from tests.support.ledgers import RETENTION_S, charge, poll
 from workers.dev.redis_server import RedisServer
@@ -75,3 +77,31 @@ def test_a_call_after_the_server_restarted_reconnects_instead_of_failing(
     assert ledger.claim(charge("before-restart"), lease_s=30, holder="w/2").outcome is (
         ClaimOutcome.IN_FLIGHT
     )
+
+
+class Interrupted(BaseException):
+    """What Dramatiq raises into a worker thread (TimeLimitExceeded, Shutdown)."""
+
+
+def test_a_call_interrupted_between_send_and_reply_never_answers_the_next_one(
+    redis_server: RedisServer,
+) -> None:
+    ledger = Ledger.from_url(redis_server.url, namespace="interrupt")
+    first, second = charge("interrupted"), charge("next-call")
+    assert ledger.claim(charge("warm-up"), lease_s=30, holder="w/1").acquired
+    conn = ledger._script._held.conn  # this thread's connection
+    read = conn.read_response
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        conn.read_response = read  # once: the exception lands after the send
+        raise Interrupted
+
+    conn.read_response = interrupted
+    with pytest.raises(Interrupted):
+        ledger.claim(first, lease_s=30, holder="w/1")
+    assert conn._sock is None  # closed: a reply still on its way is never read
+    # The first claim ran and its reply is on the wire; the next call hears its own.
+    claim = ledger.claim(second, lease_s=30, holder="w/1")
+    assert claim.key == second.key and claim.acquired and claim.token == 1
+    again = ledger.claim(first, lease_s=30, holder="w/1")
+    assert again.outcome is ClaimOutcome.IN_FLIGHT
