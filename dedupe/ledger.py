@@ -281,7 +281,8 @@ class Ledger:
     def from_url(cls, url: str, *, cluster: bool | None = None, **kwargs: Any) -> Ledger:
         """``redis://``, ``rediss://`` (TLS) and ``redis://user:password@…`` (ACL) URLs.
         Keyword arguments the Ledger does not take (``ssl_ca_certs``, ``ssl_certfile``,
-        timeouts…) go to redis-py's client; TLS options may also sit in the URL.
+        timeouts…) go to redis-py's client; TLS options may also sit in the URL. A
+        ``retry`` given there is replaced by none (see ``client`` above).
 
         ``url`` may list several nodes of one Redis Cluster, comma-separated, that differ
         only in host and port (``redis://a:7000,redis://b:7000``): any live one bootstraps
