@@ -69,6 +69,15 @@ def _refuse(path: _Path, problem: str) -> CanonicalizationError:
     return CanonicalizationError(f"{where}: {problem}", field=where)
 
 
+def _is_leaf(v: Any) -> bool:
+    t = type(v)
+    if t is str:
+        return v.isascii()  # type: ignore[no-any-return]
+    if t is int:
+        return -MAX_JSON_INT <= v <= MAX_JSON_INT  # type: ignore[no-any-return]
+    return v is None or t is bool
+
+
 def _nfc(value: Any, path: _Path, depth: int, plain: list[bool]) -> Any:
     """``nfc_deep``; clears ``plain[0]`` on a value whose RFC 8785 form the standard
     library's JSON encoder may spell otherwise (see ``_PLAIN``)."""
@@ -97,19 +106,29 @@ def _nfc(value: Any, path: _Path, depth: int, plain: list[bool]) -> Any:
         if value != value or value in (float("inf"), float("-inf")):
             raise _refuse(path, "NaN and Infinity have no JSON form")
         return value
+    # A child that is its own form (an ASCII string, an exact int in range, a bool, None)
+    # is kept without a call per child: most values are flat objects of such leaves. Only
+    # where the child's depth is still allowed, so the depth error stays where it was.
+    flat = depth < MAX_DEPTH
     if isinstance(value, list | tuple):
-        return [_nfc(v, (path, i), depth + 1, plain) for i, v in enumerate(value)]
+        return [
+            v if flat and _is_leaf(v) else _nfc(v, (path, i), depth + 1, plain)
+            for i, v in enumerate(value)
+        ]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            if not isinstance(k, str):
-                raise _refuse(path, "object keys must be strings")
-            if not k.isascii():
-                plain[0] = False
-            nk = _nfc(k, path, depth + 1, plain)
+            if flat and type(k) is str and k.isascii():
+                nk = k
+            else:
+                if not isinstance(k, str):
+                    raise _refuse(path, "object keys must be strings")
+                if not k.isascii():
+                    plain[0] = False
+                nk = _nfc(k, path, depth + 1, plain)
             if nk in out:
                 raise _refuse(path, "keys collide after Unicode normalization")
-            out[nk] = _nfc(v, (path, nk), depth + 1, plain)
+            out[nk] = v if flat and _is_leaf(v) else _nfc(v, (path, nk), depth + 1, plain)
         return out
     raise _refuse(path, f"{type(value).__name__} is not a JSON value")
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
+import pytest
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedupe.canonical import MAX_JSON_INT, _nfc, canonical_bytes
+from dedupe.canonical import MAX_DEPTH, MAX_JSON_INT, _nfc, canonical_bytes
+from dedupe.errors import CanonicalizationError
 
 # Text of any code point but lone surrogates (not Unicode text: refused before encoding),
 # weighted towards what encoders escape or reorder: controls, quotes, backslashes, U+2028,
@@ -85,3 +87,24 @@ def test_values_the_stdlib_would_spell_otherwise_leave_the_fast_path() -> None:
 def test_keys_are_normalized_before_they_are_sorted() -> None:
     decomposed = unicodedata.normalize("NFD", "é")
     assert canonical_bytes({"z": decomposed, "a": [decomposed]}) == '{"a":["é"],"z":"é"}'.encode()
+
+
+def _nested(depth: int, kind: str, leaf: Any) -> Any:
+    for _ in range(depth):
+        leaf = {"k": leaf} if kind == "object" else [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize("leaf", ["x", 7, None, True, "é", 2**60, {}])
+@pytest.mark.parametrize("kind", ["object", "array"])
+def test_the_depth_bound_refuses_one_level_past_it_whatever_the_leaf(kind: str, leaf: Any) -> None:
+    """Leaves are kept without a call each, but only where their depth is allowed: a leaf
+    inside MAX_DEPTH containers is spelled (or refused for itself), one container more is
+    refused for the depth, at the same place as before the shortcut (an object at its key,
+    an array at the element)."""
+    if leaf != 2**60:
+        assert canonical_bytes(_nested(MAX_DEPTH, kind, leaf))
+    where = "$" + (".k" * MAX_DEPTH if kind == "object" else "[0]" * (MAX_DEPTH + 1))
+    with pytest.raises(CanonicalizationError) as caught:
+        canonical_bytes(_nested(MAX_DEPTH + 1, kind, leaf))
+    assert caught.value.message == f"{where}: nested deeper than {MAX_DEPTH}"
