@@ -172,7 +172,7 @@ class LedgerScript:
             pool = self._client.connection_pool
             conn = held.conn = pool.connection_class(**pool.connection_kwargs)
             held.pid = pid
-        elif conn._sock is not None:  # (redis-py 5 has no is_connected)
+        elif conn._sock is not None:  # connected: check it before sending on it
             try:
                 stale = conn.can_read()  # EOF or stray bytes: not a connection to send on
             except (redis.ConnectionError, redis.TimeoutError, OSError):

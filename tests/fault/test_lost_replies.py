@@ -17,18 +17,12 @@ import pytest
 import redis
 
 from dedupe import ClaimOutcome, Ledger, LedgerUnavailableError, State
-from tests.support.ledgers import RETENTION_S, charge, poll
+from tests.support.ledgers import RETENTION_S, charge, poll, script_calls
 from tests.support.proxy import ReplyLosingProxy, reply_losing_proxy
 from workers.dev.redis_server import RedisServer
 
 TIMEOUT_S = 0.3
 Through = Callable[[ReplyLosingProxy], Ledger]
-
-
-def script_calls(server: RedisServer) -> int:
-    """How many ledger calls the server ran (EVALSHA on 6.2, FCALL on 7)."""
-    stats = server.client().info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "fcall"))
 
 
 @pytest.fixture
@@ -101,7 +95,7 @@ def test_a_fenced_call_whose_reply_is_lost_runs_once_and_reports_unavailable(
 ) -> None:
     ledger = through(proxy)
     call = make(ledger, redis_server)
-    before = script_calls(redis_server)
+    before = script_calls(redis_server.client())
     proxy.lose_replies(on_new_connections=True)
     started = time.monotonic()
     with pytest.raises(LedgerUnavailableError):
@@ -109,7 +103,7 @@ def test_a_fenced_call_whose_reply_is_lost_runs_once_and_reports_unavailable(
     elapsed = time.monotonic() - started
     # Sent once: a repeat would answer in_flight against its own claim, "lease live" against
     # its own takeover, or "refused" to the operator whose revoke took effect.
-    assert script_calls(redis_server) - before == 1
+    assert script_calls(redis_server.client()) - before == 1
     assert elapsed < 3 * TIMEOUT_S, f"the caller waited {elapsed:.2f}s: something resent it"
 
 
@@ -134,11 +128,11 @@ def test_a_commit_whose_reply_is_lost_is_sent_once_more_and_answers_ok(
     ledger = through(proxy)
     effect = charge("order-lost-commit")
     claim = ledger.claim(effect, lease_s=60, holder="w/1")
-    before = script_calls(redis_server)
+    before = script_calls(redis_server.client())
     proxy.lose_replies(on_new_connections=False)  # this connection's reply; the resend is heard
     write = ledger.commit(effect.key, claim.token, {"id": "ch_9"}, retention_s=RETENTION_S)
     assert write.ok and not write.fenced
-    assert script_calls(redis_server) - before == 2
+    assert script_calls(redis_server.client()) - before == 2
     record = direct(redis_server).get(effect.key)
     assert record is not None and record.state is State.DONE and record.receipt == {"id": "ch_9"}
     assert [t.state for t in record.history].count("DONE") == 1

@@ -31,6 +31,13 @@ def fresh_ledger(url: str, **kwargs: Any) -> Ledger:
     return Ledger.from_url(url, namespace=f"t{uuid.uuid4().hex[:10]}", **kwargs)
 
 
+def script_calls(client: Any) -> int:
+    """How many ledger calls ``client``'s server has run (EVALSHA on 6.2 and on a cluster,
+    FCALL on a single Redis 7), from ``INFO commandstats``."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "fcall"))
+
+
 def poll(fn: Callable[[], T], until: Callable[[T], bool], *, timeout: float = 10.0) -> T:
     """Call ``fn`` until ``until(result)``; fail with the last result after ``timeout``."""
     deadline = time.monotonic() + timeout
