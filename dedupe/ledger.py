@@ -39,7 +39,7 @@ from .errors import (
 )
 from .identity import Effect
 from .records import Claim, EffectRecord, State, Submission, Takeover, Write
-from .script import LedgerScript
+from .script import LedgerScript, first_error
 
 __all__ = ["DEFAULT_BUCKETS", "Ledger", "ledger_error"]
 
@@ -512,18 +512,12 @@ class Ledger:
         ``_FAILOVER_S``: the node pipelines bypass the cluster client, which would do that
         for a single call."""
         if not isinstance(self.client, redis.RedisCluster):
-
-            def run() -> list[Any]:
-                pipe = self.client.pipeline(transaction=False)
-                for key, argv in calls:
-                    self._script.queue(pipe, self._keys(key), argv, read_only=read_only)
-                return list(pipe.execute())
-
             try:
-                if len(calls) == 1:  # on this thread's connection: no pool checkout
+                if len(calls) == 1:
                     [(key, argv)] = calls
                     return [self._script(self._keys(key), argv, read_only=read_only)]
-                return self._script.again_if_lost(run)
+                keyed = [(self._keys(key), argv) for key, argv in calls]
+                return first_error(self._script.many(keyed, read_only=read_only))
             except redis.exceptions.MovedError:
                 raise _misdetected() from None
         replies: list[Any] = [None] * len(calls)
@@ -663,11 +657,15 @@ class Ledger:
         keys = list(keys)
         if not keys:
             return
+        ms = _ms(pending_s)
         with self.guard():
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.pexpire(self._keys(key)[3], _ms(pending_s))
-            pipe.execute()
+            if isinstance(self.client, redis.RedisCluster):
+                pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+                for key in keys:
+                    pipe.pexpire(self._keys(key)[3], ms)
+                pipe.execute()
+            else:  # on this thread's connection (dedupe.script.pipelined)
+                self._script.commands([["PEXPIRE", self._keys(key)[3], ms] for key in keys])
 
     def has_pending(self, key: str) -> bool:
         """A pending marker stands for a message that may still run ``key``."""

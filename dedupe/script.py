@@ -27,9 +27,24 @@ from typing import Any, TypeVar
 import redis
 from redis.commands.core import Script
 
-__all__ = ["LIBRARY", "READER", "SOURCE", "LedgerScript"]
+__all__ = [
+    "LIBRARY",
+    "READER",
+    "SOURCE",
+    "LedgerScript",
+    "first_error",
+    "pipelined",
+    "replies_of",
+    "send",
+]
 
 T = TypeVar("T")
+
+_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # the ``fast`` extra: a third of the CPU of redis-py's packer, which checks every arg
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover (CI installs it)
+    _pack = None
 
 SOURCE = resources.files(__package__).joinpath("ledger.lua").read_text(encoding="utf-8")
 _EVAL_SOURCE = SOURCE + "\nreturn run(KEYS, ARGV)\n"
@@ -65,6 +80,60 @@ def _ask(conn: Any, command: list[Any]) -> Any:
     except BaseException:
         conn.disconnect()
         raise
+
+
+def pipelined(conn: Any, commands: list[list[Any]]) -> list[Any]:
+    """``commands`` in one write on ``conn``, then all their replies in order, an error
+    reply as its exception in its place (every reply is read, so ``conn`` stays in step).
+    Anything else that stops it closes ``conn``, as in ``_ask``. redis-py's pipeline does
+    the same in about three times the CPU per command (its queue, callbacks and
+    chunking; ``tests/bench/campaign_bench.py``)."""
+    send(conn, commands)
+    return replies_of(conn, len(commands))
+
+
+def send(conn: Any, commands: list[list[Any]]) -> None:
+    """The first half of ``pipelined``: ``commands`` written, their replies not read."""
+    try:
+        if _pack is not None:
+            packed = b"".join(_pack(tuple(cmd)) for cmd in commands)
+        else:
+            packed = b"".join(c for cmd in commands for c in conn.pack_command(*cmd))
+        conn.send_packed_command([packed])
+    except BaseException:
+        conn.disconnect()
+        raise
+
+
+def replies_of(conn: Any, count: int) -> list[Any]:
+    """The second half of ``pipelined``: the next ``count`` replies on ``conn``."""
+    try:
+        replies: list[Any] = []
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+
+
+def first_error(replies: list[Any]) -> list[Any]:
+    """``replies``, or the first error among them raised (as ``Pipeline.execute``)."""
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    return replies
+
+
+def _did_not_run(reply: Any) -> bool:
+    return (
+        isinstance(reply, redis.exceptions.NoScriptError)
+        or _missing(reply)
+        or _fcall_refused(reply)
+    )
 
 
 def _missing(exc: BaseException) -> bool:
@@ -146,6 +215,39 @@ class LedgerScript:
     def __call__(self, keys: list[str], args: list[Any], *, read_only: bool = False) -> Any:
         """One call; ``read_only`` for the ops that write nothing (``get``)."""
         return self.again_if_lost(lambda: self._once(keys, args, read_only))
+
+    def many(
+        self, calls: list[tuple[list[str], list[Any]]], *, read_only: bool = False
+    ) -> list[Any]:
+        """Many calls in one round trip on this thread's connection (not on a cluster):
+        their replies in order, an error reply as its exception. Calls that met a lost
+        library or script cache did not run: they go again once it is loaded (a second
+        time when FCALL was refused and EVALSHA then finds no script)."""
+        conn = self._connection()
+        todo = list(range(len(calls)))
+        replies: list[Any] = [None] * len(calls)
+        for _ in range(3):
+            sent = [self._command(*calls[i], read_only) for i in todo]
+            for i, reply in zip(todo, pipelined(conn, sent), strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if _did_not_run(replies[i])]
+            if not todo:
+                break
+            if isinstance(replies[todo[0]], redis.exceptions.NoScriptError):
+                _ask(conn, ["SCRIPT", "LOAD", _EVAL_SOURCE])
+            else:
+                self.recover(replies[todo[0]])
+        return replies
+
+    def commands(self, commands: list[list[Any]]) -> list[Any]:
+        """Plain commands in one round trip on this thread's connection (not on a
+        cluster); the first error reply raised."""
+        return first_error(pipelined(self._connection(), commands))
+
+    def _command(self, keys: list[str], args: list[Any], read_only: bool) -> list[Any]:
+        if self.functions:
+            return self._fcall(keys, args, read_only)
+        return ["EVALSHA", self._script.sha, len(keys), *keys, *args]
 
     def _once(self, keys: list[str], args: list[Any], read_only: bool) -> Any:
         if self._pooled:

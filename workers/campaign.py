@@ -17,7 +17,6 @@ import secrets
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
@@ -40,7 +39,7 @@ from dedupe.campaigns import PlanDigest, normalize_campaign_id
 from dedupe.failpoints import failpoint
 
 from . import tracing
-from .broker.fanout import enqueue_many
+from .broker.fanout import Sending, send_many
 from .producer import confirm_pending
 from .registry import get_tool
 from .runtime import current
@@ -482,8 +481,8 @@ def _fan_out(
     progress: Callable[[int], None] | None,
     ttl_s: float,
 ) -> None:
-    """Pass 2, a batch at a time in two stages that overlap: the ledger marks batch i+1
-    while the broker takes batch i (two servers; at most one batch waits)."""
+    """Pass 2, a batch at a time in two stages that overlap: batch i+1 is built and marked
+    in the ledger while the broker takes batch i."""
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
     tag = campaign_tag(plan.campaign_id)
@@ -492,8 +491,7 @@ def _fan_out(
     carried = tracing.traceparent()
     options: dict[str, Any] = {tracing.TRACEPARENT: carried} if carried is not None else {}
 
-    def send(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
-        enqueue_many(tool.actor.broker, messages)
+    def sent(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
         keys = [m.args[0]["key"] for m in messages]
         confirm_pending(ledger, keys, cfg.pending_ttl_s)
         # Sent: a message exists for it, now or from an earlier submission (done, held by a
@@ -503,8 +501,11 @@ def _fan_out(
         if progress is not None:
             progress(len(batch))
 
-    with ThreadPoolExecutor(1, thread_name_prefix="effectq-fan-out") as broker_side:
-        sending: Future[None] | None = None
+    # The broker takes batch i while the next one is built and marked (send_many: on the
+    # wire, its replies read later); at most one batch is in flight.
+    sending: Sending | None = None
+    previous: tuple[list[Effect], list[Message[Any]], list[str]] = ([], [], [])
+    try:
         for batch in batches:
             messages = {
                 e.key: tool.actor.message_with_options(
@@ -512,9 +513,9 @@ def _fan_out(
                 )
                 for e in batch
             }
-            # force: a pending marker may stand for a message a crash lost; a second message
-            # for one effect is harmless, the claim decides. The markers are reservations
-            # until the broker holds the batch.
+            # force: a pending marker may stand for a message a crash lost; a second
+            # message for one effect is harmless, the claim decides. The markers are
+            # reservations until the broker holds the batch.
             answers = ledger.submit_many(
                 [(e, messages[e.key].message_id) for e in batch],
                 pending_s=cfg.pending_reservation_s,
@@ -530,10 +531,16 @@ def _fan_out(
             out = [messages[a.key] for a in answers if a.status is SubmitStatus.ENQUEUE]
             had = [a.key for a in answers if a.status in _HAD_A_MESSAGE]
             if sending is not None:
-                sending.result()
-            sending = broker_side.submit(send, batch, out, had)
+                sending.wait()
+                sent(*previous)
+            sending, previous = send_many(tool.actor.broker, out), (batch, out, had)
         if sending is not None:
-            sending.result()
+            sending.wait()
+            sent(*previous)
+            sending = None
+    finally:
+        if sending is not None:  # a failure meanwhile: that batch's replies go unread
+            sending.abandon()
     report.skipped = dict(skipped)
 
 

@@ -1,0 +1,152 @@
+"""Batches written in one go and their replies read in order (``dedupe.script.pipelined``):
+the ledger's submit and pending batches and the fan-out's enqueue batches, on a real
+redis-server (both binaries). A batch never leaves a reply unread on a connection someone
+else will use, goes again where its calls did not run (a lost script or library), and a
+fan-out batch whose replies were lost is queued again under fresh Redis ids."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+from dramatiq.brokers.redis import RedisBroker
+
+from dedupe import Ledger, SubmitStatus
+from dedupe.script import pipelined
+from tests.support.ledgers import charge
+from tests.support.proxy import ReplyLosingProxy, reply_losing_proxy
+from workers.broker.fanout import enqueue_many, send_many
+from workers.dev.redis_server import RedisServer
+
+TIMEOUT_S = 0.3
+QUEUE = "fan"
+
+
+def _message(i: int) -> dramatiq.Message[Any]:
+    return dramatiq.Message(queue_name=QUEUE, actor_name="a", args=(i,), kwargs={}, options={})
+
+
+def _queued(client: redis.Redis) -> dict[str, dict[str, Any]]:
+    """The broker's queue: each queued Redis id and the body stored under it."""
+    ids = [i.decode() for i in client.lrange(f"dramatiq:{QUEUE}", 0, -1)]  # type: ignore[union-attr]
+    bodies = client.hmget(f"dramatiq:{QUEUE}.msgs", ids) if ids else []
+    return {i: json.loads(body) for i, body in zip(ids, bodies, strict=True)}  # type: ignore[arg-type]
+
+
+class _Recorder(dramatiq.Middleware):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def before_enqueue(
+        self, broker: dramatiq.Broker, message: dramatiq.Message[Any], delay: int
+    ) -> None:
+        self.seen.append(("before", message.message_id))
+
+    def after_enqueue(
+        self, broker: dramatiq.Broker, message: dramatiq.Message[Any], delay: int
+    ) -> None:
+        self.seen.append(("after", message.message_id))
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[ReplyLosingProxy]:
+    with reply_losing_proxy(redis_server.port) as proxy:
+        yield proxy
+
+
+def test_an_error_reply_in_a_batch_takes_its_place_and_the_connection_stays_in_step(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    conn = client.connection_pool.make_connection()
+    replies = pipelined(conn, [["SET", "a", "text"], ["INCR", "a"], ["GET", "a"]])
+    assert replies[0] == b"OK" and replies[2] == b"text"  # raw replies: no callbacks
+    assert isinstance(replies[1], redis.ResponseError)
+    assert pipelined(conn, [["ECHO", "next"]]) == [b"next"]  # its own reply, not a late one
+
+
+def test_a_batch_cut_between_send_and_replies_closes_its_connection(
+    proxy: ReplyLosingProxy,
+) -> None:
+    conn = redis.Redis(port=proxy.port, socket_timeout=TIMEOUT_S).connection_pool.make_connection()
+    assert pipelined(conn, [["SET", "b", "1"]]) == [b"OK"]
+    proxy.lose_replies(on_new_connections=False)
+    with pytest.raises(redis.TimeoutError):
+        pipelined(conn, [["INCR", "b"], ["INCR", "b"]])
+    assert conn._sock is None  # the lost replies can never answer the next batch
+    assert pipelined(conn, [["GET", "b"]]) == [b"3"]  # ran once each, then a new connection
+
+
+def test_a_ledger_batch_after_the_server_lost_its_scripts_runs_each_call(
+    redis_server: RedisServer,
+) -> None:
+    ledger = Ledger.from_url(redis_server.url, namespace=f"pb{uuid.uuid4().hex[:8]}")
+    assert ledger.submit_many([(charge(), "warm-up")], pending_s=60)
+    admin = redis_server.client()
+    admin.script_flush()  # a restart without persistence, or an operator
+    if int(redis_server.version.split(".", 1)[0]) >= 7:
+        admin.function_flush()
+    effects = [charge() for _ in range(5)]
+    first = ledger.submit_many([(e, f"m-{i}") for i, e in enumerate(effects)], pending_s=60)
+    assert [a.status for a in first] == [SubmitStatus.ENQUEUE] * 5
+    ledger.confirm_pending([e.key for e in effects], 120)
+    again = ledger.submit_many([(e, f"n-{i}") for i, e in enumerate(effects)], pending_s=60)
+    assert [a.status for a in again] == [SubmitStatus.PENDING] * 5  # each first one ran
+    pending_ms = [admin.pttl(ledger._keys(e.key)[3]) for e in effects]
+    assert all(60_000 < ms <= 120_000 for ms in pending_ms), pending_ms  # the confirms ran
+
+
+def test_a_fan_out_after_the_broker_lost_its_script_queues_each_message_once(
+    redis_server: RedisServer,
+) -> None:
+    broker = RedisBroker(url=redis_server.url)
+    enqueue_many(broker, [_message(-1)])  # the script loaded
+    broker.client.flushdb()
+    broker.client.script_flush()
+    enqueue_many(broker, [_message(i) for i in range(2500)])  # three batches
+    queued = _queued(broker.client)
+    assert sorted(body["args"][0] for body in queued.values()) == list(range(2500))
+    assert all(body["options"]["redis_message_id"] == i for i, body in queued.items())
+
+
+def test_a_fan_out_batch_whose_replies_were_lost_is_queued_again_under_fresh_ids(
+    redis_server: RedisServer, proxy: ReplyLosingProxy
+) -> None:
+    broker = RedisBroker(url=f"{proxy.url}?socket_timeout={TIMEOUT_S}")
+    enqueue_many(broker, [_message(-1)])  # the pool's connection open, the script loaded
+    broker.client.delete(f"dramatiq:{QUEUE}", f"dramatiq:{QUEUE}.msgs")
+    proxy.lose_replies(on_new_connections=False)  # the retry's new connection is heard
+    enqueue_many(broker, [_message(i) for i in range(3)])
+    queued = _queued(redis_server.client())
+    # Both tries queued; each Redis id is its own body's, so each is fetched and acked
+    # as itself (the claim turns the second message of an effect into a duplicate).
+    assert sorted(body["args"][0] for body in queued.values()) == [0, 0, 1, 1, 2, 2]
+    assert all(body["options"]["redis_message_id"] == i for i, body in queued.items())
+
+
+def test_enqueue_hooks_run_once_per_message_when_a_middleware_has_them(
+    redis_server: RedisServer,
+) -> None:
+    recorder = _Recorder()
+    broker = RedisBroker(url=redis_server.url, middleware=[recorder])
+    messages = [_message(i) for i in range(3)]
+    enqueue_many(broker, messages)
+    ids = [m.message_id for m in messages]
+    assert recorder.seen == [("before", i) for i in ids] + [("after", i) for i in ids]
+
+
+def test_an_abandoned_fan_out_batch_leaves_no_reply_for_the_next_command(
+    redis_server: RedisServer,
+) -> None:
+    broker = RedisBroker(url=redis_server.url)
+    broker.client.set("marker", "mine")
+    sending = send_many(broker, [_message(i) for i in range(200)])
+    sending.abandon()  # the caller failed between the send and the replies
+    pool = broker.client.connection_pool
+    assert not pool._in_use_connections  # type: ignore[attr-defined]
+    assert broker.client.get("marker") == b"mine"  # not the reply of an enqueue
