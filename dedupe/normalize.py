@@ -111,10 +111,33 @@ def _label(label: str) -> bool:
     return all((c.isascii() and (c.isalnum() or c == "-")) or _letter(c) for c in label)
 
 
+# The plain ASCII address ``_checked`` accepts, in one match instead of a loop over every
+# character (most addresses; a third of derive's time for an email tool went there).
+_ASCII_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_ASCII_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_ASCII_ADDRESS = re.compile(
+    rf"(?=[^@]{{1,64}}@){_ASCII_ATOM}(?:\.{_ASCII_ATOM})*@(?:{_ASCII_LABEL}\.)+{_ASCII_LABEL}"
+)
+
+
 def _address(value: Any) -> str:
     address = _strip(value)
     if len(address) > EMAIL_MAX_CHARS:
         raise CanonicalizationError(f"not an email address (over {EMAIL_MAX_CHARS} characters)")
+    if _plain_ascii(address):
+        return address
+    return _checked(address)
+
+
+def _plain_ascii(address: str) -> bool:
+    return (
+        address.isascii()
+        and _ASCII_ADDRESS.fullmatch(address) is not None
+        and not address.rpartition(".")[2].isdigit()
+    )
+
+
+def _checked(address: str) -> str:
     local, at, domain = address.partition("@")
     if not at:
         raise CanonicalizationError("not an email address (no @)")
