@@ -175,12 +175,9 @@ class CampaignStore:
         For each row, whether its key is new to the plan (False: another spelling of a
         recipient staged before)."""
         key = self._plan_key(plan)
+        commands = [["HSET", key, field, value] for field, value in rows.items()]
         with self.ledger.guard():
-            pipe = self.client.pipeline(transaction=False)
-            for field, value in rows.items():
-                pipe.hset(key, field, value)
-            pipe.pexpire(key, _ms(ttl_s))
-            replies = pipe.execute()
+            replies = self.ledger.commands([*commands, ["PEXPIRE", key, _ms(ttl_s)]])
         return [bool(n) for n in replies[:-1]]
 
     def diff(
