@@ -39,9 +39,9 @@ from .errors import (
 )
 from .identity import Effect
 from .records import Claim, EffectRecord, State, Submission, Takeover, Write
-from .script import LedgerScript, first_error
+from .script import LedgerScript, Many, first_error
 
-__all__ = ["DEFAULT_BUCKETS", "Ledger", "ledger_error"]
+__all__ = ["DEFAULT_BUCKETS", "Ledger", "Submitting", "ledger_error"]
 
 DEFAULT_BUCKETS = 256
 # Failover and resharding answers: the call did not run; the next one can.
@@ -217,6 +217,30 @@ def _misdetected() -> LedgerUnavailableError:
         "built with a plain client. List the cluster's nodes in the ledger URL (cluster "
         "detection asks them) or pass cluster=True."
     )
+
+
+class Submitting:
+    """A submit batch ``Ledger.start_submit`` sent: its answers, read once."""
+
+    def __init__(self, ledger: Ledger, keys: list[str], replies: list[Any] | Many) -> None:
+        self._ledger, self._keys, self._replies = ledger, keys, replies
+
+    def answers(self) -> list[Submission]:
+        replies = self._replies
+        if isinstance(replies, Many):
+            with self._ledger.guard(reread=True):
+                try:
+                    replies = first_error(replies.replies())
+                except redis.exceptions.MovedError:
+                    raise _misdetected() from None
+        return [
+            Submission.from_reply(key, list(reply))
+            for key, reply in zip(self._keys, replies, strict=True)
+        ]
+
+    def abandon(self) -> None:
+        if isinstance(self._replies, Many):
+            self._replies.abandon()
 
 
 class Ledger:
@@ -626,6 +650,16 @@ class Ledger:
     ) -> list[Submission]:
         """``submit`` for many (effect, message id) pairs in one pipelined round trip.
         ``force`` enqueues despite a live pending marker (a campaign re-submission)."""
+        return self.start_submit(calls, pending_s=pending_s, force=force).answers()
+
+    def start_submit(
+        self, calls: list[tuple[Effect, str]], *, pending_s: float, force: bool = False
+    ) -> Submitting:
+        """``submit_many`` in two halves, so a producer builds its messages while the server
+        decides: on one server the calls are on the wire when this returns and
+        ``Submitting.answers`` reads them; until then this thread makes no other ledger
+        call (``Submitting.abandon`` if it fails meanwhile). On a cluster, or for one call,
+        the answers are in by the time this returns."""
         for effect, _ in calls:
             self.request_text(effect)
         batch = [
@@ -633,12 +667,14 @@ class Ledger:
                           _ms(pending_s), message_id, "1" if force else "0", effect.fingerprint])
             for effect, message_id in calls
         ]  # fmt: skip
+        keys = [effect.key for effect, _ in calls]
+        if isinstance(self.client, redis.RedisCluster) or len(batch) == 1:
+            with self.guard(reread=True):
+                return Submitting(self, keys, self._script_batch(batch))
         with self.guard(reread=True):
-            replies = self._script_batch(batch)
-        return [
-            Submission.from_reply(effect.key, list(reply))
-            for (effect, _), reply in zip(calls, replies, strict=True)
-        ]
+            return Submitting(
+                self, keys, self._script.start_many([(self._keys(k), a) for k, a in batch])
+            )
 
     def clear_pending(self, key: str) -> None:
         """Forget the pending marker: its message was dead-lettered or never enqueued."""

@@ -32,6 +32,7 @@ __all__ = [
     "READER",
     "SOURCE",
     "LedgerScript",
+    "Many",
     "first_error",
     "pipelined",
     "replies_of",
@@ -223,21 +224,17 @@ class LedgerScript:
         their replies in order, an error reply as its exception. Calls that met a lost
         library or script cache did not run: they go again once it is loaded (a second
         time when FCALL was refused and EVALSHA then finds no script)."""
+        return self.start_many(calls, read_only=read_only).replies()
+
+    def start_many(
+        self, calls: list[tuple[list[str], list[Any]]], *, read_only: bool = False
+    ) -> Many:
+        """``many`` in two halves: the calls are on the wire when this returns, and
+        ``Many.replies`` reads their replies, so the caller works while the server does.
+        Until then no other call may use this thread's connection."""
         conn = self._connection()
-        todo = list(range(len(calls)))
-        replies: list[Any] = [None] * len(calls)
-        for _ in range(3):
-            sent = [self._command(*calls[i], read_only) for i in todo]
-            for i, reply in zip(todo, pipelined(conn, sent), strict=True):
-                replies[i] = reply
-            todo = [i for i in todo if _did_not_run(replies[i])]
-            if not todo:
-                break
-            if isinstance(replies[todo[0]], redis.exceptions.NoScriptError):
-                _ask(conn, ["SCRIPT", "LOAD", _EVAL_SOURCE])
-            else:
-                self.recover(replies[todo[0]])
-        return replies
+        send(conn, [self._command(*call, read_only) for call in calls])
+        return Many(self, conn, calls, read_only)
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
         """Plain commands in one round trip on this thread's connection (not on a
@@ -297,3 +294,40 @@ class LedgerScript:
         if read_only:
             return ["FCALL_RO", READER, len(keys), *keys, *args]
         return ["FCALL", LIBRARY, len(keys), *keys, *args]
+
+
+class Many:
+    """Calls ``LedgerScript.start_many`` put on the wire, their replies not read yet."""
+
+    def __init__(
+        self,
+        script: LedgerScript,
+        conn: Any,
+        calls: list[tuple[list[str], list[Any]]],
+        read_only: bool,
+    ) -> None:
+        self._script, self._conn, self._calls, self._read_only = script, conn, calls, read_only
+
+    def replies(self) -> list[Any]:
+        """The replies in order, an error reply as its exception; the calls that did not
+        run (a lost library or script cache) sent again once it is loaded, twice at most."""
+        conn, script, calls = self._conn, self._script, self._calls
+        replies = replies_of(conn, len(calls))
+        todo = [i for i, reply in enumerate(replies) if _did_not_run(reply)]
+        for _ in range(2):
+            if not todo:
+                break
+            if isinstance(replies[todo[0]], redis.exceptions.NoScriptError):
+                _ask(conn, ["SCRIPT", "LOAD", _EVAL_SOURCE])
+            else:
+                script.recover(replies[todo[0]])
+            again = [script._command(*calls[i], self._read_only) for i in todo]
+            for i, reply in zip(todo, pipelined(conn, again), strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if _did_not_run(replies[i])]
+        return replies
+
+    def abandon(self) -> None:
+        """Not read (the caller failed meanwhile): the connection is closed, so the
+        replies can never answer a later call."""
+        self._conn.disconnect()

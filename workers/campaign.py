@@ -18,8 +18,10 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, TYPE_CHECKING, Annotated, Any
+from typing import IO, Annotated, Any
 
+from dramatiq import Message
+from dramatiq.message import generate_unique_id
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 from dedupe import (
@@ -44,9 +46,6 @@ from .producer import confirm_pending
 from .registry import get_tool
 from .runtime import current
 from .tool import EffectTool, Envelope
-
-if TYPE_CHECKING:
-    from dramatiq import Message
 
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
@@ -485,6 +484,7 @@ def _fan_out(
     in the ledger while the broker takes batch i."""
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
+    actor = tool.actor
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
     # Every message continues the fan-out's trace (workers.tracing; none when it is off).
@@ -507,20 +507,25 @@ def _fan_out(
     previous: tuple[list[Effect], list[Message[Any]], list[str]] = ([], [], [])
     try:
         for batch in batches:
-            messages = {
-                e.key: tool.actor.message_with_options(
-                    args=(Envelope.of(e, campaign=tag).model_dump(),), **options
-                )
-                for e in batch
-            }
+            ids = {e.key: generate_unique_id() for e in batch}
             # force: a pending marker may stand for a message a crash lost; a second
             # message for one effect is harmless, the claim decides. The markers are
-            # reservations until the broker holds the batch.
-            answers = ledger.submit_many(
-                [(e, messages[e.key].message_id) for e in batch],
-                pending_s=cfg.pending_reservation_s,
-                force=True,
+            # reservations until the broker holds the batch. The messages are built while
+            # the ledger decides (their ids are the markers').
+            submitting = ledger.start_submit(
+                [(e, ids[e.key]) for e in batch], pending_s=cfg.pending_reservation_s, force=True
             )
+            try:
+                messages: dict[str, Message[Any]] = {
+                    e.key: Message(queue_name=actor.queue_name, actor_name=actor.actor_name,
+                                   args=(Envelope.of(e, campaign=tag).model_dump(),),
+                                   kwargs={}, options=dict(options), message_id=ids[e.key])
+                    for e in batch
+                }  # fmt: skip
+            except BaseException:
+                submitting.abandon()
+                raise
+            answers = submitting.answers()
             for effect, answer in zip(batch, answers, strict=True):
                 if answer.status is not SubmitStatus.ENQUEUE:
                     skipped[answer.status.value] += 1

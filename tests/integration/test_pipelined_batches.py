@@ -150,3 +150,25 @@ def test_an_abandoned_fan_out_batch_leaves_no_reply_for_the_next_command(
     pool = broker.client.connection_pool
     assert not pool._in_use_connections  # type: ignore[attr-defined]
     assert broker.client.get("marker") == b"mine"  # not the reply of an enqueue
+
+
+def test_an_abandoned_submit_batch_leaves_no_reply_for_the_thread_s_next_ledger_call(
+    redis_server: RedisServer,
+) -> None:
+    ledger = Ledger.from_url(redis_server.url, namespace=f"pb{uuid.uuid4().hex[:8]}")
+    started = ledger.start_submit([(charge(), f"m-{i}") for i in range(50)], pending_s=60)
+    started.abandon()  # the producer failed while building the batch's messages
+    assert ledger._script.commands([["ECHO", "next"]]) == ["next"]  # its own reply
+    fresh = charge()
+    [answer] = ledger.start_submit([(fresh, "m-fresh")], pending_s=60).answers()
+    assert answer.status is SubmitStatus.ENQUEUE and answer.key == fresh.key
+
+
+def test_a_started_submit_batch_answers_each_call_in_order(redis_server: RedisServer) -> None:
+    ledger = Ledger.from_url(redis_server.url, namespace=f"pb{uuid.uuid4().hex[:8]}")
+    effects = [charge() for _ in range(6)]
+    ledger.submit_many([(e, "earlier") for e in effects[::2]], pending_s=60)
+    started = ledger.start_submit([(e, f"m-{i}") for i, e in enumerate(effects)], pending_s=60)
+    answers = started.answers()
+    assert [a.key for a in answers] == [e.key for e in effects]
+    assert [a.status for a in answers] == [SubmitStatus.PENDING, SubmitStatus.ENQUEUE] * 3
