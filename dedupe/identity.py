@@ -173,7 +173,8 @@ def derive(
     bound = {"tool": spec.name, "bound": {f: norm[f] for f in spec.bound}}
     fingerprint = _sha256(canonical_bytes(bound, field=f"{spec.name}.bound"))
     # Free content must still be JSON: it travels in the message and the stored request.
-    canonical_bytes({f: args[f] for f in spec.free if f in args}, field=f"{spec.name}.free")
+    if free := {f: args[f] for f in spec.free if f in args}:
+        canonical_bytes(free, field=f"{spec.name}.free")
     return Effect(spec.name, action, scope, key, fingerprint, args, norm)
 
 

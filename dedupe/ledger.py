@@ -363,6 +363,10 @@ class Ledger:
             f"{tag}:floor",
         ]
 
+    def _pending_key(self, key: str) -> str:
+        """``_keys(key)[3]`` alone (the producer's marker calls need no other)."""
+        return f"{self._tag(self.bucket_of(key))}:p:{key}"
+
     # -- plumbing ---------------------------------------------------------------------
 
     def check_layout(self, *, allow_new_namespace: bool = False) -> None:
@@ -653,15 +657,22 @@ class Ledger:
         return self.start_submit(calls, pending_s=pending_s, force=force).answers()
 
     def start_submit(
-        self, calls: list[tuple[Effect, str]], *, pending_s: float, force: bool = False
+        self,
+        calls: list[tuple[Effect, str]],
+        *,
+        pending_s: float,
+        force: bool = False,
+        bounded: bool = False,
     ) -> Submitting:
         """``submit_many`` in two halves, so a producer builds its messages while the server
         decides: on one server the calls are on the wire when this returns and
         ``Submitting.answers`` reads them; until then this thread makes no other ledger
         call (``Submitting.abandon`` if it fails meanwhile). On a cluster, or for one call,
-        the answers are in by the time this returns."""
-        for effect, _ in calls:
-            self.request_text(effect)
+        the answers are in by the time this returns. ``bounded``: the caller has checked
+        every request's bound already (``request_text``), so it is not encoded again."""
+        if not bounded:
+            for effect, _ in calls:
+                self.request_text(effect)
         batch = [
             (effect.key, ["submit", effect.key, bytes.fromhex(effect.fingerprint), effect.tool,
                           _ms(pending_s), message_id, "1" if force else "0", effect.fingerprint])
@@ -679,7 +690,7 @@ class Ledger:
     def clear_pending(self, key: str) -> None:
         """Forget the pending marker: its message was dead-lettered or never enqueued."""
         with self.guard(key):
-            self.client.delete(self._keys(key)[3])
+            self.client.delete(self._pending_key(key))
 
     # -- pending reservations (producer) ------------------------------------------------
     # A producer submits with a short ``pending_s`` (a reservation: a producer killed before
@@ -695,7 +706,7 @@ class Ledger:
             return
         ms = _ms(pending_s)
         with self.guard():
-            self.commands([["PEXPIRE", self._keys(key)[3], ms] for key in keys])
+            self.commands([["PEXPIRE", self._pending_key(key), ms] for key in keys])
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
         """Plain commands in one round trip, their replies in order; the first error reply
@@ -713,7 +724,7 @@ class Ledger:
     def has_pending(self, key: str) -> bool:
         """A pending marker stands for a message that may still run ``key``."""
         with self.guard(key):
-            return self.client.get(self._keys(key)[3]) is not None
+            return self.client.get(self._pending_key(key)) is not None
 
     def dead_letter(self, *, message_id: str, tool: str, key: str | None, reason: str) -> None:
         """Record why a message was dead-lettered (the broker keeps the message itself)."""
@@ -722,7 +733,7 @@ class Ledger:
             pipe = self.client.pipeline(transaction=False)
             pipe.xadd(f"{self.namespace}:deadletters", fields, maxlen=100_000, approximate=True)  # type: ignore[arg-type]
             if key:
-                pipe.delete(self._keys(key)[3])
+                pipe.delete(self._pending_key(key))
             pipe.execute()
 
     def dead_letters(self, count: int = 100) -> list[dict[str, str]]:

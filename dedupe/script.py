@@ -74,7 +74,10 @@ def _ask(conn: Any, command: list[Any]) -> Any:
     the thread (Dramatiq's time limit and shutdown) — closes it, so a late reply can never
     answer the thread's next call."""
     try:
-        conn.send_packed_command(conn.pack_command(*command))
+        if _pack is not None:
+            conn.send_packed_command([_pack(tuple(command))])
+        else:
+            conn.send_packed_command(conn.pack_command(*command))
         return conn.read_response()
     except redis.ResponseError:
         raise

@@ -362,7 +362,11 @@ class _Planner:
         return effect
 
     def with_content(self, effect: Effect) -> Effect:
-        return replace(effect, args={**effect.args, **(self.content or {})})
+        # Constructed, not dataclasses.replace, which inspects the fields on every call
+        # (twice per recipient: over twice the constructor's CPU).
+        args = {**effect.args, **(self.content or {})}
+        e = effect
+        return Effect(e.tool, e.action, e.scope, e.key, e.fingerprint, args, e.normalized)
 
     def _stage(self, plan: CampaignPlan, batch: dict[str, Effect], report: CampaignReport) -> None:
         if not batch:
@@ -513,7 +517,10 @@ def _fan_out(
             # reservations until the broker holds the batch. The messages are built while
             # the ledger decides (their ids are the markers').
             submitting = ledger.start_submit(
-                [(e, ids[e.key]) for e in batch], pending_s=cfg.pending_reservation_s, force=True
+                [(e, ids[e.key]) for e in batch],
+                pending_s=cfg.pending_reservation_s,
+                force=True,
+                bounded=True,  # each request was bounded in pass 1 (_Planner._derive)
             )
             try:
                 messages: dict[str, Message[Any]] = {

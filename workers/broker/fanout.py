@@ -130,7 +130,14 @@ class _RedisSending:
     def _send(self) -> None:
         broker = self.broker
         self.attempt += 1
-        self.batch = [m.copy(options={"redis_message_id": str(uuid.uuid4())}) for m in self.chunk]
+        # Each attempt under fresh Redis ids (as Dramatiq's enqueue does, Message.copy);
+        # constructed directly: copy's dataclasses.replace costs twice the CPU.
+        self.batch = [
+            dramatiq.Message(m.queue_name, m.actor_name, m.args, m.kwargs,
+                             {**m.options, "redis_message_id": str(uuid.uuid4())},
+                             m.message_id, m.message_timestamp)
+            for m in self.chunk
+        ]  # fmt: skip
         if self.hooks["before"]:
             for message in self.batch:
                 broker.emit_before("enqueue", message, None)
