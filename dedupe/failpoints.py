@@ -24,6 +24,8 @@ POINTS = frozenset(
         "after_effect",
         "before_commit",
         "after_commit",
+        # A batch of effect tools' acks about to be written (workers.broker.redis).
+        "before_ack",
         "before_lookup",
         "after_lookup",
         # The producer path: a pending marker written, its message not yet enqueued.

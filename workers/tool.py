@@ -64,6 +64,7 @@ from dedupe.failpoints import failpoint
 from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 
 from . import logs, metrics, registry, tracing
+from .broker.redis import EffectqRedisBroker
 from .leases import Held, LeaseKeeper
 from .registry import get_tool
 from .runtime import Runtime, current, installed
@@ -246,6 +247,9 @@ class EffectTool:
             actor.options.update(options)
             actor.broker = rt.broker
             rt.broker.declare_actor(actor)
+        if isinstance(rt.broker, EffectqRedisBroker):
+            # Its redelivered message is a duplicate to the claim: its ack may join a batch.
+            rt.broker.batch_acks(actor.actor_name)
         self._actor, self._runtime = actor, rt
         self._keepers.clear()
         self._metrics = metrics.for_tool(self.spec.name)

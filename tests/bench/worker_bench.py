@@ -24,9 +24,11 @@ per round, guarded then bare:
 
 Redis commands per message come from ``INFO commandstats`` deltas over the same window,
 without the bench's own polling (INFO, HLEN — no worker sends either). Redis counts the
-commands a Lua script runs there too, so "cmds" is server work; "trips" counts the
+commands a Lua script runs there too, so "cmds" is server work; "calls" counts the
 top-level commands only (script calls plus connection commands: every data command of the
-worker path runs inside the broker's or the ledger's script). CPU per message: the pool's
+worker path runs inside the broker's or the ledger's script); "reads" counts the socket
+reads the server processed (``total_reads_processed``, the bench's own commands taken off):
+the round trips, where several pipelined calls arrive in one read. CPU per message: the pool's
 processes (psutil) and redis-server (``INFO cpu``) over the window.
 
 The table comes first; the last line is one JSON object.
@@ -96,6 +98,11 @@ def commandstats(client: redis.Redis) -> Stats:
     }
 
 
+def reads_processed(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("stats")
+    return int(stats["total_reads_processed"])
+
+
 def redis_cpu_s(client: redis.Redis) -> float:
     cpu: dict[str, Any] = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
@@ -129,11 +136,13 @@ class Sample:
     commands: Stats
     redis_cpu: float
     pool_cpu: float
+    reads: int
 
     @classmethod
     def take(cls, client: redis.Redis, pool_pid: int) -> Sample:
         commands, redis_cpu = commandstats(client), redis_cpu_s(client)
-        return cls(time.perf_counter(), commands, redis_cpu, tree_cpu_s(pool_pid))
+        reads = reads_processed(client)
+        return cls(time.perf_counter(), commands, redis_cpu, tree_cpu_s(pool_pid), reads)
 
 
 @dataclass
@@ -148,6 +157,7 @@ class Run:
     steady_per_s: float
     pool_cpu_s: float
     redis_cpu_s: float
+    reads: int
     commands: Stats = field(default_factory=dict)
 
     @property
@@ -159,7 +169,7 @@ class Run:
         return sum(self.commands.values())
 
     @property
-    def trips(self) -> int:
+    def calls(self) -> int:
         return sum(calls for name, calls in self.commands.items() if is_top_level(name))
 
 
@@ -292,11 +302,15 @@ class Bench:
             raise RuntimeError(f"{queue}: messages retried or dead-lettered: {held}\n{tail(log)}")
         if kind == "guarded":
             self.check_done(keys)
-        commands = {
+        delta = {
             name: calls - first.commands.get(name, 0)
             for name, calls in end.commands.items()
-            if name not in _OWN_COMMANDS and calls - first.commands.get(name, 0)
+            if calls - first.commands.get(name, 0)
         }
+        commands = {name: calls for name, calls in delta.items() if name not in _OWN_COMMANDS}
+        # Each of the bench's own commands (not pipelined) is one read (give or take the
+        # samples' own INFOs: a few per phase).
+        own = sum(calls for name, calls in delta.items() if name in _OWN_COMMANDS)
         return Run(
             kind=kind,
             round=rnd,
@@ -306,6 +320,7 @@ class Bench:
             steady_per_s=steady_rate(trace, n),
             pool_cpu_s=end.pool_cpu - first.pool_cpu,
             redis_cpu_s=end.redis_cpu - first.redis_cpu,
+            reads=end.reads - first.reads - own,
             commands=commands,
         )
 
@@ -432,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     header = (
         f"{'round':>5} {'phase':<8} {'msgs':>6} {'seconds':>8} {'msgs/s':>8} {'steady/s':>9} "
-        f"{'boot s':>7} {'cmds/msg':>9} {'trips/msg':>10} {'pool cpu us':>12} {'redis us':>9}"
+        f"{'boot s':>7} {'cmds/msg':>9} {'calls/msg':>10} {'reads/msg':>10} {'pool cpu us':>12} "
+        f"{'redis us':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -440,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r.round:>5} {r.kind:<8} {r.messages:>6} {r.seconds:>8.2f} {r.per_s:>8.0f} "
             f"{r.steady_per_s:>9.0f} {r.boot_s:>7.2f} {r.cmds / r.messages:>9.2f} "
-            f"{r.trips / r.messages:>10.2f} {r.pool_cpu_s / r.messages * 1e6:>12.0f} "
+            f"{r.calls / r.messages:>10.2f} {r.reads / r.messages:>10.2f} "
+            f"{r.pool_cpu_s / r.messages * 1e6:>12.0f} "
             f"{r.redis_cpu_s / r.messages * 1e6:>9.0f}"
         )
     print("-" * len(header))
@@ -448,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'med':>5} {s.kind:<8} {s.messages // len(s.runs):>6} {'':>8} "
             f"{s.median_per_s:>8.0f} {s.median_steady:>9.0f} {'':>7} "
-            f"{s.per_msg('cmds'):>9.2f} {s.per_msg('trips'):>10.2f} "
+            f"{s.per_msg('cmds'):>9.2f} {s.per_msg('calls'):>10.2f} {s.per_msg('reads'):>10.2f} "
             f"{s.per_msg('pool_cpu_s') * 1e6:>12.0f} {s.per_msg('redis_cpu_s') * 1e6:>9.0f}"
         )
     print()
@@ -459,7 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     print("           and HLEN excluded; includes the commands Lua scripts run (server work):")
     for s in (guarded, bare):
         print(f"  {s.kind:<8} {s.breakdown()}")
-    print("trips/msg: top-level commands only (EVALSHA/EVAL + connection commands)")
+    print("calls/msg: top-level commands only (EVALSHA/FCALL + connection commands)")
+    print("reads/msg: socket reads the server processed (round trips; a pipelined batch is")
+    print("           one), the bench's own INFO and HLEN taken off")
     print("pool cpu us / redis us: CPU of the pool's processes / of redis-server per message")
     print()
     print(
@@ -482,8 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         "steady_ratio": round(steady_ratio, 3),
         "bare_cmds_per_msg": round(bare.per_msg("cmds"), 3),
         "guarded_cmds_per_msg": round(guarded.per_msg("cmds"), 3),
-        "bare_trips_per_msg": round(bare.per_msg("trips"), 3),
-        "guarded_trips_per_msg": round(guarded.per_msg("trips"), 3),
+        "bare_calls_per_msg": round(bare.per_msg("calls"), 3),
+        "guarded_calls_per_msg": round(guarded.per_msg("calls"), 3),
+        "bare_reads_per_msg": round(bare.per_msg("reads"), 3),
+        "guarded_reads_per_msg": round(guarded.per_msg("reads"), 3),
         "bare_pool_cpu_us_per_msg": round(bare.per_msg("pool_cpu_s") * 1e6, 1),
         "guarded_pool_cpu_us_per_msg": round(guarded.per_msg("pool_cpu_s") * 1e6, 1),
     }

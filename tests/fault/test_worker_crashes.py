@@ -43,6 +43,28 @@ def test_after_commit_kill_redelivery_is_a_duplicate(fenceless: LocalStack) -> N
     assert ledger.counts()[("dup_claim", "charge")] == 1
 
 
+def test_a_worker_killed_with_acks_queued_redelivers_them_as_duplicates(
+    fenceless: LocalStack,
+) -> None:
+    # Four effects finish together; the first ack write SIGKILLs the process: every effect
+    # committed by then is DONE and unacked (the others are claimed, some executed).
+    fenceless.sandbox.configure(latency_ms=300)
+    armed = fenceless.start_workers(1, 4, EFFECTQ_FAILPOINTS="before_ack=kill")
+    keys = [_charge(f"order-acks-{i}") for i in range(4)]
+    ledger = runtime.ledger()
+    wait_for(lambda: _killed(fenceless), what="worker SIGKILLed before its ack write")
+    fenceless.stop_pool(armed)  # its respawned worker would be killed again
+    committed = [k for k, r in ledger.get_many(keys).items() if r and r.state is State.DONE]
+    assert committed, "no effect was committed before the kill"
+    fenceless.start_workers(1, 4)
+    fenceless.start_reconciler()  # for any claim the kill left mid-effect
+    wait_states(ledger, keys, timeout=60)
+    wait_for(lambda: broker_messages(fenceless) == DRAINED, what="redeliveries acked", timeout=60)
+    assert fenceless.stats()["executions"] == dict.fromkeys(keys, 1)
+    # Each committed effect's message came back and found its record DONE.
+    assert ledger.counts()[("dup_claim", "charge")] >= len(committed)
+
+
 def test_a_worker_process_dying_during_its_boot_is_restarted_at_once(live: LocalStack) -> None:
     # Dramatiq's main process waits up to --worker-fork-timeout (30 s by default) for a
     # worker process to report its boot, deaf to that process's death meanwhile.

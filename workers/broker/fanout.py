@@ -1,12 +1,10 @@
 """Enqueue many messages in few round trips.
 
 For Dramatiq's Redis broker this runs the broker's own ``dispatch`` enqueue script for a
-batch in one round trip — exactly what ``RedisBroker.enqueue`` does per message,
-middleware hooks included, minus one round trip each. A batch that met a connection error
-is sent again on a new connection, as many times as Dramatiq tries one enqueue: at worst
-a message twice, which the claim turns into a duplicate. It leans on two Dramatiq
-internals (``broker.scripts["dispatch"]`` and ``_max_unpack_size``), pinned by the
-``dramatiq<3`` range.
+batch in one round trip (``dispatch.calls``) — exactly what ``RedisBroker.enqueue`` does
+per message, middleware hooks included, minus one round trip each. A batch that met a
+connection error is sent again on a new connection, as many times as Dramatiq tries one
+enqueue: at worst a message twice, which the claim turns into a duplicate.
 
 For RabbitMQ it publishes each batch in one AMQP transaction on a channel of its own.
 ``RabbitmqBroker.enqueue`` waits for a publisher confirm per message (pika's blocking
@@ -32,11 +30,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.common import current_millis, q_name
+from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
-from redis.exceptions import NoScriptError
 
-from dedupe.script import first_error, pipelined, replies_of, send
+from dedupe.script import first_error, replies_of, send
+
+from . import dispatch
 
 if TYPE_CHECKING:
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
@@ -141,15 +140,11 @@ class _RedisSending:
         if self.hooks["before"]:
             for message in self.batch:
                 broker.emit_before("enqueue", message, None)
-        dispatch = broker.scripts["dispatch"]
-        unpack = broker._max_unpack_size()  # type: ignore[no-untyped-call]
-        self.commands = [
-            ["EVALSHA", dispatch.sha, 1, broker.namespace, "enqueue", current_millis(),
-             message.queue_name, broker.broker_id, broker.heartbeat_timeout,
-             broker.dead_message_ttl, 0, unpack, message.options["redis_message_id"],
-             message.encode()]
-            for message in self.batch
-        ]  # fmt: skip
+        self.commands = dispatch.calls(
+            broker,
+            "enqueue",
+            ((m.queue_name, (m.options["redis_message_id"], m.encode())) for m in self.batch),
+        )
         self.conn = broker.client.connection_pool.get_connection()
         try:
             send(self.conn, self.commands)
@@ -160,12 +155,7 @@ class _RedisSending:
     def _read(self) -> None:
         try:
             replies = replies_of(self.conn, len(self.commands))
-            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-            if missing:  # a restart or SCRIPT FLUSH emptied the cache: those did not run
-                self.broker.client.script_load(self.broker.scripts["dispatch"].script)
-                again = pipelined(self.conn, [self.commands[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+            dispatch.run_missing(self.broker, self.conn, self.commands, replies)
         finally:
             self._release()
         first_error(replies)

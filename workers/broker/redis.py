@@ -1,6 +1,20 @@
-"""Dramatiq's Redis broker with effectq's two changes: undecodable bytes are dead-lettered
-with their reason instead of stranding a batch, and each worker process runs the broker's
-maintenance on a timer (see the package's docstring)."""
+"""Dramatiq's Redis broker with effectq's three changes: undecodable bytes are dead-lettered
+with their reason instead of stranding a batch, each worker process runs the broker's
+maintenance on a timer (see the package's docstring), and effect tools' acks are written
+in batches.
+
+Dramatiq acks each message in a round trip of its own, from the worker thread that ran it:
+for a guarded message that is the third round trip after the claim and the commit. An
+effect tool's message is settled by its commit, not by its ack — a message whose ack is
+lost is redelivered, and its claim answers "duplicate" — so its ack need not be written
+alone: a worker thread that acks while another thread is writing acks leaves its id to that
+writer, which writes every id queued meanwhile in one write before it goes back to work
+(no timer, no thread: an ack waits at most for the write in progress). Other actors keep
+Dramatiq's ack, one round trip each: their redelivery would run them again.
+
+A batch whose write failed is kept and written with the next ack (its writer's own ack is
+retried by Dramatiq every second until the broker is back); a SIGKILL loses the ids not
+yet written, and their messages come back after the heartbeat timeout as duplicates."""
 
 from __future__ import annotations
 
@@ -11,8 +25,12 @@ from typing import Any
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.errors import DecodeError
+from dramatiq.errors import ConnectionClosed, DecodeError
 
+from dedupe.failpoints import failpoint
+from dedupe.script import first_error, pipelined
+
+from . import dispatch
 from .dead_letters import DeadLetterSink, undecodable
 from .keys import ack_set, queue_hash
 
@@ -22,6 +40,80 @@ log = logging.getLogger("effectq.broker")
 
 
 class _Consumer(_RedisConsumer):
+    broker: EffectqRedisBroker
+
+    def __init__(
+        self, broker: EffectqRedisBroker, queue_name: str, prefetch: int, timeout: int
+    ) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        # Redis ids of effect tools' messages waiting for the write in progress, in order.
+        self._acks: dict[str, None] = {}
+        self._lock = threading.Lock()
+        self._writing = False
+
+    def ack(self, message: dramatiq.MessageProxy) -> None:
+        if message.actor_name not in self.broker.batched_acks:
+            super().ack(message)  # type: ignore[no-untyped-call]
+            return
+        with self._lock:
+            self._acks[message.options["redis_message_id"]] = None
+            self.queued_message_ids.discard(message.message_id)
+            if self._writing:
+                return  # the thread writing now writes this one next
+            self._writing = True
+        self._write_acks()
+
+    def _write_acks(self) -> None:
+        """Write the queued acks, batch after batch, until none is left."""
+        while True:
+            with self._lock:
+                ids = list(self._acks)
+                self._acks.clear()
+                if not ids:
+                    self._writing = False
+                    return
+            try:
+                failpoint("before_ack")
+                self._ack_many(ids)
+            except BaseException as exc:
+                with self._lock:
+                    self._acks = dict.fromkeys(ids) | self._acks
+                    self._writing = False
+                if isinstance(exc, redis.ConnectionError):
+                    raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+                raise
+
+    def _ack_many(self, ids: list[str]) -> None:
+        broker = self.broker
+        commands = dispatch.calls(
+            broker,
+            "ack",
+            ((self.queue_name, (i,)) for i in ids),
+            maintenance=broker._should_do_maintenance("ack"),
+        )
+        pool = broker.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            replies = pipelined(conn, commands)
+            dispatch.run_missing(broker, conn, commands, replies)
+        finally:
+            pool.release(conn)
+        first_error(replies)
+
+    def close(self) -> None:
+        # Acks a failed write left behind, before the consumer goes (a restart, shutdown).
+        with self._lock:
+            left = bool(self._acks) and not self._writing
+            if left:
+                self._writing = True
+        if left:
+            try:
+                self._write_acks()
+            except (ConnectionClosed, redis.RedisError) as exc:
+                log.warning("%d acks not written (redelivered as duplicates): %s",
+                            len(self._acks), exc)  # fmt: skip
+        super().close()
+
     def __next__(self) -> dramatiq.MessageProxy | None:
         try:
             return super().__next__()  # type: ignore[no-untyped-call,no-any-return]
@@ -56,10 +148,16 @@ class EffectqRedisBroker(RedisBroker):
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self.dead_letter = dead_letter
         self._forced = threading.local()
+        self.batched_acks: set[str] = set()
         self.add_middleware(_Maintenance(maintenance_interval_ms / 1000))
 
+    def batch_acks(self, actor_name: str) -> None:
+        """Ack ``actor_name``'s messages in batches (the module's docstring): only for an
+        actor whose redelivered message is a duplicate to its claim."""
+        self.batched_acks.add(actor_name)
+
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> _Consumer:
-        return _Consumer(self, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        return _Consumer(self, queue_name, prefetch, timeout)
 
     def _should_do_maintenance(self, command: str) -> int:
         if getattr(self._forced, "on", False):
