@@ -2,11 +2,14 @@
 the ledger's submit and pending batches and the fan-out's enqueue batches, on a real
 redis-server (both binaries). A batch never leaves a reply unread on a connection someone
 else will use, goes again where its calls did not run (a lost script or library), and a
-fan-out batch whose replies were lost is queued again under fresh Redis ids."""
+fan-out batch whose replies were lost is queued again under fresh Redis ids, and a fan-out
+backs off between its tries long enough for a restarting broker."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -127,6 +130,42 @@ def test_a_fan_out_batch_whose_replies_were_lost_is_queued_again_under_fresh_ids
     # as itself (the claim turns the second message of an effect into a duplicate).
     assert sorted(body["args"][0] for body in queued.values()) == [0, 0, 1, 1, 2, 2]
     assert all(body["options"]["redis_message_id"] == i for i, body in queued.items())
+
+
+def test_a_fan_out_waits_out_a_broker_restart_between_its_tries(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = RedisBroker(url=redis_server.url)
+    enqueue_many(broker, [_message(-1)])  # the script loaded, then the server goes away
+    redis_server.kill()
+    pool = broker.client.connection_pool
+    tries: list[int] = []
+    connect = pool.get_connection
+
+    def counted() -> Any:
+        tries.append(1)
+        return connect()
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    done: list[BaseException | None] = []
+
+    def fan_out() -> None:
+        try:
+            enqueue_many(broker, [_message(i) for i in range(50)])
+            done.append(None)
+        except BaseException as exc:
+            done.append(exc)
+
+    sender = threading.Thread(target=fan_out)
+    sender.start()
+    deadline = time.monotonic() + 10
+    while len(tries) < 2 and time.monotonic() < deadline:  # two tries refused, four left
+        time.sleep(0.001)
+    redis_server.start()  # from its AOF, same port: within the backoff of the tries left
+    sender.join(30)
+    assert done == [None]
+    args = sorted(body["args"][0] for body in _queued(broker.client).values())
+    assert args == [-1, *range(50)]  # each message once
 
 
 def test_enqueue_hooks_run_once_per_message_when_a_middleware_has_them(
