@@ -30,14 +30,12 @@ def calls(
     dispatch = broker.scripts["dispatch"]
     unpack = broker._max_unpack_size()  # type: ignore[no-untyped-call]
     now = current_millis()
-    out = [
+    return [
         ["EVALSHA", dispatch.sha, 1, broker.namespace, command, now, queue_name,
-         broker.broker_id, broker.heartbeat_timeout, broker.dead_message_ttl, 0, unpack, *args]
-        for queue_name, args in each
+         broker.broker_id, broker.heartbeat_timeout, broker.dead_message_ttl,
+         maintenance if i == 0 else 0, unpack, *args]
+        for i, (queue_name, args) in enumerate(each)
     ]  # fmt: skip
-    if out and maintenance:
-        out[0][10] = 1
-    return out
 
 
 def run_missing(
