@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import redis
 from redis.commands.core import Script
 
+from .combiner import Combiner
+
 __all__ = [
     "LIBRARY",
     "READER",
@@ -165,6 +167,7 @@ class LedgerScript:
         self._functions: bool | None = None if functions else False
         self._lock = threading.Lock()
         self._held = _Held()
+        self._combined: tuple[int, Combiner] | None = None
         # A cluster client routes each call itself (its connections are per node).
         self._pooled = isinstance(client, redis.RedisCluster)
 
@@ -252,15 +255,24 @@ class LedgerScript:
     def _once(self, keys: list[str], args: list[Any], read_only: bool) -> Any:
         if self._pooled:
             return self._script(keys=keys, args=args)
-        conn = self._connection()
-        if self.functions:
-            return _ask(conn, self._fcall(keys, args, read_only))
-        evalsha = ["EVALSHA", self._script.sha, len(keys), *keys, *args]
+        # Together with the calls other threads make meanwhile (``dedupe.combiner``).
+        combiner, command = self._combiner(), self._command(keys, args, read_only)
         try:
-            return _ask(conn, evalsha)
+            return combiner.call(self._connection, command)
         except redis.exceptions.NoScriptError:  # a restart or a failover emptied the cache
-            _ask(conn, ["SCRIPT", "LOAD", _EVAL_SOURCE])
-            return _ask(conn, evalsha)
+            _ask(self._connection(), ["SCRIPT", "LOAD", _EVAL_SOURCE])
+            return combiner.call(self._connection, command)
+
+    def _combiner(self) -> Combiner:
+        """This process's combiner (``dedupe.combiner``): made again after a fork, whose
+        child may hold a copy of a lock some parent thread had taken."""
+        combined, pid = self._combined, os.getpid()
+        if combined is None or combined[0] != pid:
+            with self._lock:
+                combined = self._combined
+                if combined is None or combined[0] != pid:
+                    combined = self._combined = (pid, Combiner(pipelined))
+        return combined[1]
 
     def _connection(self) -> Any:
         """This thread's own connection to the server. Taking one from the pool and
