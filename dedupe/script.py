@@ -271,7 +271,7 @@ class LedgerScript:
             with self._lock:
                 combined = self._combined
                 if combined is None or combined[0] != pid:
-                    combined = self._combined = (pid, Combiner(pipelined))
+                    combined = self._combined = (pid, Combiner(pipelined, _ask))
         return combined[1]
 
     def _connection(self) -> Any:

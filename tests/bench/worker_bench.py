@@ -507,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         "guarded_reads_per_msg": round(guarded.per_msg("reads"), 3),
         "bare_pool_cpu_us_per_msg": round(bare.per_msg("pool_cpu_s") * 1e6, 1),
         "guarded_pool_cpu_us_per_msg": round(guarded.per_msg("pool_cpu_s") * 1e6, 1),
+        "bare_redis_cpu_us_per_msg": round(bare.per_msg("redis_cpu_s") * 1e6, 1),
+        "guarded_redis_cpu_us_per_msg": round(guarded.per_msg("redis_cpu_s") * 1e6, 1),
     }
     print(json.dumps(result))
     return 0

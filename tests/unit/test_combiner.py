@@ -33,6 +33,13 @@ class Wire:
         self._gate = threading.Event()
         self._fail = fail
 
+    def ask(self, conn: Any, command: list[Any]) -> Any:
+        """A call written alone (nobody else calling): the same write, its reply raised."""
+        (reply,) = self(conn, [command])
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
     def release(self) -> None:
         self._gate.set()
 
@@ -95,7 +102,7 @@ def behind_an_open_write(
     threads: list[Caller], wire: Wire, *names: str
 ) -> tuple[Combiner, Caller, list[Caller]]:
     """A writer whose batch is on the wire, and ``names`` queued behind it."""
-    combiner = Combiner(wire)
+    combiner = Combiner(wire, wire.ask)
     (first,) = start(threads, combiner, "first")
     assert wire.opened.wait(JOIN_S)
     queued_behind = start(threads, combiner, *names)
@@ -126,7 +133,7 @@ def test_an_error_reply_is_raised_by_its_own_call_only(threads: list[Caller]) ->
     assert (ok.reply, ok2.reply, ok.error, ok2.error) == ("re:ok", "re:ok2", None, None)
 
 
-def test_a_failed_write_is_a_connection_error_to_every_call_in_it_and_the_next_call_goes(
+def test_a_failed_write_is_its_connection_error_to_every_call_in_it_and_the_next_call_goes(
     threads: list[Caller],
 ) -> None:
     def fail(commands: list[list[Any]]) -> BaseException | None:
@@ -139,7 +146,10 @@ def test_a_failed_write_is_a_connection_error_to_every_call_in_it_and_the_next_c
     for t in (first, b, c):
         t.join(JOIN_S)
     assert first.reply == "re:first"
+    # The same connection error to each (its words say whether anything was sent: a
+    # connection that never opened is "connecting to", which the ledger sends once more).
     assert all(isinstance(t.error, redis.ConnectionError) and t.reply is None for t in (b, c))
+    assert [str(t.error) for t in (b, c)] == ["reset by peer"] * 2
     # Nothing is left holding the role: a later call is written and answered.
     (later,) = start(threads, combiner, "later")
     later.join(JOIN_S)
