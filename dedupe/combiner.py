@@ -9,14 +9,14 @@ for a timer: a queued call goes as soon as the write before it has its replies, 
 call made while nobody else calls goes alone, as it did before.
 
 Nothing about a call changes but the socket it travels on: each is its own script call
-(``FCALL``, or ``EVALSHA``), atomic on the server, answered in order. A call is on the wire only after its thread asked
-for it, and its thread returns only with its own reply — the claim still precedes the
-body and the commit's reply still precedes the ack. A batch whose connection fails is
-that connection error to every call in it (the ledger decides what may be sent again, as
-for a single call: ``_REPEATABLE``, and any call whose connection never opened); an error
-reply is its own call's exception. An exception raised into the writing thread (Dramatiq's
-time limit, its shutdown notice) is that thread's own; the others in its batch hear a
-connection error.
+(``FCALL``, or ``EVALSHA``), atomic on the server, answered in order. A call is on the
+wire only after its thread asked for it, and its thread returns only with its own reply —
+the claim still precedes the body and the commit's reply still precedes the ack. A batch
+whose connection fails is that connection error to every call in it (the ledger decides
+what may be sent again, as for a single call: ``_REPEATABLE``, and any call whose
+connection never opened); an error reply is its own call's exception. An exception raised
+into the writing thread (Dramatiq's time limit, its shutdown notice) is that thread's own;
+the others in its batch hear a connection error.
 
 A thread interrupted while it waits leaves its call to be written and its reply unread,
 as a single call whose reply is lost; the threads behind it wake after ``_NUDGE_S`` at the
