@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from tests.support.stack import wait_for
 from workers.api.app import create_app
 from workers.dev.local import LocalStack
-from workers.dev.redis_server import free_port
+from workers.dev.ports import free_port
 from workers.settings import Settings
 
 # name -> (token, scopes). "sre-ana" is the operator whose name the audit stream records.

@@ -11,7 +11,7 @@ from dedupe import Ledger
 from tests.api.conftest import TOKENS, Api
 from workers import runtime
 from workers.api.app import create_app
-from workers.dev.redis_server import free_port
+from workers.dev.ports import free_port
 from workers.settings import Settings
 
 

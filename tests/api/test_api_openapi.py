@@ -14,7 +14,7 @@ import httpx
 from tests.api.conftest import TOKENS
 from tests.support.stack import wait_for
 from workers.dev.local import LocalStack
-from workers.dev.redis_server import free_port
+from workers.dev.ports import free_port
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 REGENERATE = "regenerate it: effectq api --openapi > docs/openapi.json"

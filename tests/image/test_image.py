@@ -31,7 +31,7 @@ from dedupe import Ledger, State
 from tests.support.requires import need_binary
 from tests.support.stack import wait_for, wait_states
 from workers.dev.local import LocalStack
-from workers.dev.redis_server import free_port
+from workers.dev.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # crun refuses this kind of machine's cgroups; the default ulimits are refused too.

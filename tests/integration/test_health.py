@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,17 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.stack import wait_for
 from workers.cli import reconciler_liveness
 from workers.dev.local import LocalStack
+from workers.dev.ports import free_port
 from workers.heartbeat import Heartbeat
 from workers.metrics import ReconcilerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def probe(port: int, path: str) -> tuple[int, str]:

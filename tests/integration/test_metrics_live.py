@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from tests.support.requires import need_binary
 from tests.support.stack import SANDBOX_DEFAULTS, broker_messages, wait_for, wait_states
 from workers import get_tool, metrics, runtime, submit
 from workers.dev.local import LocalStack
+from workers.dev.ports import free_port
 from workers.producer import Status
 from workers.tool import Envelope
 
@@ -60,13 +60,6 @@ KEYISH = re.compile(r"[0-9a-f]{16,}")
 
 def need(binary: str) -> str:
     return need_binary(binary, "apt-get install prometheus")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def samples(text: str) -> list[Sample]:

@@ -34,7 +34,8 @@ from dedupe import (
 from tests.support.stack import DRAINED, broker_client, broker_messages, wait_for, wait_states
 from workers import EffectCall, Envelope, RetryLater, Status, effect_tool, get_tool, runtime, submit
 from workers.dev.local import LocalStack
-from workers.dev.redis_server import RedisServer, default_redis_binary, free_port
+from workers.dev.ports import free_port
+from workers.dev.redis_server import RedisServer, default_redis_binary
 from workers.settings import Settings
 from workers.tool import _retry_when, retry_delay_ms
 

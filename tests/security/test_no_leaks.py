@@ -23,7 +23,7 @@ from workers import Envelope, get_tool, runtime, submit
 from workers.campaign import campaign_status, submit_campaign
 from workers.cli import app
 from workers.dev.local import LocalStack
-from workers.dev.redis_server import free_port
+from workers.dev.ports import free_port
 
 SECRET = "secret.person@leak.example"
 OTHERS = ["secret.other@leak.example", "secret.third@leak.example"]

@@ -37,7 +37,8 @@ from dedupe import (
 )
 from tests.support.ledgers import RETENTION_S, charge
 from tests.support.requires import unavailable
-from workers.dev.redis_server import RedisServer, find_redis_binaries, free_port
+from workers.dev.ports import free_port
+from workers.dev.redis_server import RedisServer, find_redis_binaries
 
 USER, PASSWORD, ADMIN_PASSWORD = "effectq", "s3cret-ledger-pw", "admin-pw-not-for-effectq"
 # The commands effectq sends (ledger.lua and the group script run theirs as this user too):

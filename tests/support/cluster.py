@@ -5,8 +5,6 @@ so the embedded 6.2 binary, which ships without redis-cli, works too. Stopped by
 
 from __future__ import annotations
 
-import random
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,26 +14,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from workers.dev.ports import free_port
 from workers.dev.redis_server import RedisServer
 
 SLOTS = 16384
 # Short, so a killed master is failed over within a couple of seconds.
 NODE_TIMEOUT_MS = 1000
-
-
-def _cluster_port() -> int:
-    """A free port with its cluster bus port (+10000) free too: Redis needs both, and the
-    bus port must stay below 65536."""
-    for _ in range(1000):
-        port = random.randrange(20000, 55000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
+# Redis puts a node's cluster bus on its port + 10000.
+CLUSTER_BUS_OFFSET = 10000
 
 
 def _wait(check: object, what: str, timeout: float = 30.0) -> None:
@@ -62,7 +48,7 @@ class LocalCluster:
             RedisServer(
                 binary,
                 root / f"node{i}",
-                port=_cluster_port(),
+                port=free_port(bus_offset=CLUSTER_BUS_OFFSET),
                 extra_args=[*args, "--cluster-config-file", f"nodes-{i}.conf"],
             )
             for i in range(n)

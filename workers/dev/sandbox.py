@@ -43,7 +43,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
+
+from workers.dev.ports import free_port
 
 MAX_BODY_BYTES = 64 * 1024
 _KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
@@ -402,13 +403,6 @@ def _argv_for(config: SandboxConfig) -> list[str]:
     return argv
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class SandboxProcess:
     """A sandbox in a child process on a loopback port, for tests and demos.
 
@@ -428,7 +422,7 @@ class SandboxProcess:
         self.config = config or SandboxConfig()
         self.state_file = state_file
         self.host = host
-        self.port = port if port is not None else _free_port(host)
+        self.port = port if port is not None else free_port(host)
         self.startup_timeout = startup_timeout
         self.url = f"http://{host}:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
