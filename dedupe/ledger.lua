@@ -14,7 +14,9 @@
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
 --                              "conflict:<tool>"
 --   KEYS[4]  pending  string: "<fingerprint hex>|<message id>" of a live broker message for this
---                              effect (producer-side dedupe before the broker); expires by
+--                              effect (producer-side dedupe before the broker), written by
+--                              the producer once the broker accepted it; "...|<message id>|r"
+--                              until then (a reservation, written by submit); expires by
 --                              itself, cleared on DONE and on dead-letter
 --   KEYS[5]  unknown  zset:   effect key -> ms it became UNKNOWN: the operators' work queue
 --   KEYS[6]  campaigns hash:  "<campaign tag>:<STATE>" -> records of one campaign in each
@@ -58,6 +60,8 @@
 local HISTORY = 16
 local DONE_HISTORY = 4
 local LATE = 8
+-- The suffix of a pending marker that is only a reservation (see submit).
+local RESERVED = '|r'
 
 local SETTLED, LIVE = 1, 2
 local CODE = {CLAIMED = 1, DONE = 2, FAILED = 3, RECONCILING = 4, UNKNOWN = 5,
@@ -473,8 +477,9 @@ end
 --   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
 --   CLAIMED with an expired lease, UNKNOWN        => blocked (awaiting reconciliation/operator)
 --   none | FAILED | REVOKED | SUPERSEDED: a live pending marker with another fingerprint
---                                   => conflict, with this one => pending (enqueue when
---                                   it is this message id's own), none => enqueue
+--                                   => conflict; with this one, confirmed => pending
+--                                   (enqueue when it is this message id's own), only
+--                                   reserved => enqueue; none => enqueue
 OPS.submit = function()
   local fp, tool, pending_ms, message_id = A[3], A[4], tonumber(A[5]), A[6]
   local force = A[7] == '1'
@@ -501,19 +506,23 @@ OPS.submit = function()
   -- The marker names the fingerprint in hex (ARGV[8]), as markers written before the
   -- binary record format did: a marker outlives an upgrade.
   local fph = A[8]
-  -- A repeat of this very submission (a retried call whose reply was lost) answers as the
-  -- first did: submit is safe to repeat per message id.
-  if not marker or marker == fph .. '|' .. message_id
-      or (force and string.sub(marker, 1, #fph) == fph) then
-    redis.call('SET', K[4], fph .. '|' .. message_id, 'PX', pending_ms)
-    return answer('enqueue')
-  end
-  if string.sub(marker, 1, #fph) ~= fph then
+  local own = fph .. '|' .. message_id
+  if marker and string.sub(marker, 1, #fph + 1) ~= fph .. '|' then
     bump('conflict', tool)
     return answer('conflict')
   end
-  bump('dup_submit', tool)
-  return answer('pending')
+  -- Only a marker the broker's acceptance confirmed stands for a message. A reservation
+  -- may never become one (its producer died, or heard "unavailable" and submits again
+  -- under a new id): this submission is enqueued too, and the claim makes a second
+  -- message a duplicate. A repeat of this very submission (a retried call whose reply was
+  -- lost) answers as the first did: submit is safe to repeat per message id.
+  if marker and not force and marker ~= own and marker ~= own .. RESERVED
+      and string.sub(marker, -#RESERVED) ~= RESERVED then
+    bump('dup_submit', tool)
+    return answer('pending')
+  end
+  if marker ~= own then redis.call('SET', K[4], own .. RESERVED, 'PX', pending_ms) end
+  return answer('enqueue')
 end
 
 -- get(): the record as the JSON object of the format before this one (fingerprint in hex)

@@ -695,18 +695,25 @@ class Ledger:
     # -- pending reservations (producer) ------------------------------------------------
     # A producer submits with a short ``pending_s`` (a reservation: a producer killed before
     # its enqueue leaves a marker that lapses within seconds), then confirms once the broker
-    # accepted the message. A reservation that lapsed before the confirm stays gone: the
-    # next submission enqueues a second message, which the claim turns into a duplicate.
+    # accepted the message. Only a confirmed marker answers "pending" to another submission;
+    # one that meets a reservation is enqueued too (the reservation may never become a
+    # message), and the claim turns the second message into a duplicate. A reservation that
+    # lapsed before the confirm stays gone, with the same outcome for the next submission.
 
-    def confirm_pending(self, keys: Iterable[str], pending_s: float) -> None:
-        """The broker accepted the messages of ``keys``: their markers now last
-        ``pending_s`` (one pipelined round trip)."""
-        keys = list(keys)
-        if not keys:
-            return
+    def confirm_pending(self, sent: Iterable[tuple[Effect, str]], pending_s: float) -> None:
+        """The broker accepted these (effect, message id) messages: each effect's marker now
+        names its message and lasts ``pending_s`` (one pipelined round trip). A marker that
+        is gone (lapsed, or cleared by the effect's commit) is not written again."""
         ms = _ms(pending_s)
+        commands: list[list[Any]] = [
+            ["SET", self._pending_key(effect.key), f"{effect.fingerprint}|{message_id}",
+             "PX", ms, "XX"]
+            for effect, message_id in sent
+        ]  # fmt: skip
+        if not commands:
+            return
         with self.guard():
-            self.commands([["PEXPIRE", self._pending_key(key), ms] for key in keys])
+            self.commands(commands)
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
         """Plain commands in one round trip, their replies in order; the first error reply

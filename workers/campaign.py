@@ -497,7 +497,11 @@ def _fan_out(
 
     def sent(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
         keys = [m.args[0]["key"] for m in messages]
-        confirm_pending(ledger, keys, cfg.pending_ttl_s)
+        effects = {e.key: e for e in batch}
+        confirm_pending(
+            ledger, [(effects[k], m.message_id) for k, m in zip(keys, messages, strict=True)],
+            cfg.pending_ttl_s,
+        )  # fmt: skip
         # Sent: a message exists for it, now or from an earlier submission (done, held by a
         # worker, awaiting reconciliation). A conflict was never sent under this plan.
         store.mark_sent(plan.campaign_id, plan.version, [*keys, *had], ttl_s=ttl_s)

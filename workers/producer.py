@@ -123,14 +123,15 @@ class Handle:
         return found
 
 
-def confirm_pending(ledger: Ledger, keys: list[str], pending_s: float) -> None:
-    """The broker holds the messages of ``keys``: extend their reservations. If the ledger
-    cannot be reached now, the reservations lapse within seconds and the messages still
-    run; a later submission may send a second message, which the claim makes a duplicate."""
+def confirm_pending(ledger: Ledger, sent: list[tuple[Effect, str]], pending_s: float) -> None:
+    """The broker holds these (effect, message id) messages: confirm their reservations. If
+    the ledger cannot be reached now, the reservations lapse within seconds and the messages
+    still run; a later submission may send a second message, which the claim makes a
+    duplicate."""
     try:
-        ledger.confirm_pending(keys, pending_s)
+        ledger.confirm_pending(sent, pending_s)
     except LedgerUnavailableError as exc:
-        log.warning("pending markers of %d enqueued messages not extended: %s", len(keys), exc)
+        log.warning("pending markers of %d enqueued messages not confirmed: %s", len(sent), exc)
 
 
 def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:
@@ -164,7 +165,7 @@ def _submit(target: EffectTool, effect: Effect) -> Handle:
         except BaseException:
             ledger.clear_pending(effect.key)
             raise
-        confirm_pending(ledger, [effect.key], cfg.pending_ttl_s)
+        confirm_pending(ledger, [(effect, message.message_id)], cfg.pending_ttl_s)
         return Handle(
             target.name, effect.key, Status.ENQUEUED, message_id=message.message_id, runtime=rt
         )

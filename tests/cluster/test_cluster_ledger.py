@@ -80,6 +80,7 @@ def test_submit_many_reloads_scripts_a_master_forgot(cluster: LocalCluster, ledg
     effects = [charge() for _ in range(60)]
     answers = ledger.submit_many([(e, f"m-{i}") for i, e in enumerate(effects)], pending_s=60)
     assert [a.status for a in answers] == ["enqueue"] * 60
+    ledger.confirm_pending([(e, f"m-{i}") for i, e in enumerate(effects)], 60)
     again = ledger.submit_many([(e, f"n-{i}") for i, e in enumerate(effects)], pending_s=60)
     assert [a.status for a in again] == ["pending"] * 60
 

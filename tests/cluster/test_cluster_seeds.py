@@ -168,10 +168,13 @@ def test_a_submit_repeated_with_its_own_message_id_answers_enqueue_again(
     cluster: LocalCluster,
 ) -> None:
     """What makes a submit safe to repeat after a reply was lost: the same (fingerprint,
-    message id) finds its own marker; another message id still finds it pending."""
+    message id) finds its own marker, reserved or confirmed; another message id finds the
+    confirmed one pending."""
     ledger = fresh_ledger(cluster.seeds())
     effect = charge()
     assert ledger.submit(effect, message_id="m-1", pending_s=60).status == "enqueue"
+    assert ledger.submit(effect, message_id="m-1", pending_s=60).status == "enqueue"
+    ledger.confirm_pending([(effect, "m-1")], 60)
     assert ledger.submit(effect, message_id="m-1", pending_s=60).status == "enqueue"
     assert ledger.submit(effect, message_id="m-2", pending_s=60).status == "pending"
 
@@ -195,6 +198,7 @@ def test_submit_many_of_a_batch_spanning_a_failover_completes(cluster: LocalClus
     took = time.monotonic() - started
     print(f"\nsubmit_many of 3000 across a master SIGKILL + failover: {took:.1f}s")
     assert result == ["enqueue"] * len(batch)
+    ledger.confirm_pending(batch, 60)  # the broker took every message
     again = ledger.submit_many([(e, f"n-{i}") for i, e in enumerate(effects)], pending_s=60)
     assert {a.status for a in again} == {"pending"}  # every marker is there
 

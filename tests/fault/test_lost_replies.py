@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from dedupe import ClaimOutcome, Ledger, LedgerUnavailableError, State
+from dedupe import ClaimOutcome, Ledger, LedgerUnavailableError, State, SubmitStatus
 from tests.support.ledgers import RETENTION_S, charge, poll, script_calls
 from tests.support.proxy import ReplyLosingProxy, reply_losing_proxy
 from workers.dev.redis_server import RedisServer
@@ -136,3 +136,23 @@ def test_a_commit_whose_reply_is_lost_is_sent_once_more_and_answers_ok(
     record = direct(redis_server).get(effect.key)
     assert record is not None and record.state is State.DONE and record.receipt == {"id": "ch_9"}
     assert [t.state for t in record.history].count("DONE") == 1
+
+
+def test_a_submit_whose_reply_was_lost_is_enqueued_by_the_next_submission(
+    redis_server: RedisServer, proxy: ReplyLosingProxy, through: Through
+) -> None:
+    """The lost submit left a reservation that no message stands for: its producer heard
+    "unavailable" and submits again under a new message id. "pending" then would be a promise
+    nobody keeps (the chaos run's lost effect); the submission is enqueued, and only a marker
+    the broker's acceptance confirmed answers pending."""
+    ledger = through(proxy)
+    effect = charge("order-lost-submit")
+    proxy.lose_replies(on_new_connections=True)
+    with pytest.raises(LedgerUnavailableError):
+        ledger.submit(effect, message_id="m-1", pending_s=60)
+    proxy.hear_replies()
+    assert direct(redis_server).has_pending(effect.key)  # the reservation is there
+    again = ledger.submit(effect, message_id="m-2", pending_s=60)
+    assert again.status is SubmitStatus.ENQUEUE
+    ledger.confirm_pending([(effect, "m-2")], 3600)  # the broker took m-2
+    assert ledger.submit(effect, message_id="m-3", pending_s=60).status is SubmitStatus.PENDING

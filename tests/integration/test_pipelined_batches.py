@@ -97,7 +97,7 @@ def test_a_ledger_batch_after_the_server_lost_its_scripts_runs_each_call(
     effects = [charge() for _ in range(5)]
     first = ledger.submit_many([(e, f"m-{i}") for i, e in enumerate(effects)], pending_s=60)
     assert [a.status for a in first] == [SubmitStatus.ENQUEUE] * 5
-    ledger.confirm_pending([e.key for e in effects], 120)
+    ledger.confirm_pending([(e, f"m-{i}") for i, e in enumerate(effects)], 120)
     again = ledger.submit_many([(e, f"n-{i}") for i, e in enumerate(effects)], pending_s=60)
     assert [a.status for a in again] == [SubmitStatus.PENDING] * 5  # each first one ran
     pending_ms = [admin.pttl(ledger._keys(e.key)[3]) for e in effects]
@@ -207,6 +207,7 @@ def test_a_started_submit_batch_answers_each_call_in_order(redis_server: RedisSe
     ledger = Ledger.from_url(redis_server.url, namespace=f"pb{uuid.uuid4().hex[:8]}")
     effects = [charge() for _ in range(6)]
     ledger.submit_many([(e, "earlier") for e in effects[::2]], pending_s=60)
+    ledger.confirm_pending([(e, "earlier") for e in effects[::2]], 60)  # the broker took them
     started = ledger.start_submit([(e, f"m-{i}") for i, e in enumerate(effects)], pending_s=60)
     answers = started.answers()
     assert [a.key for a in answers] == [e.key for e in effects]

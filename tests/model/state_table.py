@@ -78,9 +78,11 @@ class Model:
         self.bucket_of = bucket_of
         self.records: list[Rec | None] = [None] * len(bucket_of)
         self.floor: dict[int, int] = {}
-        # Fingerprints submitted per key: a pending marker (which outlives records and is not
-        # modelled) may stand for any of them.
-        self.submitted: list[set[str]] = [set() for _ in bucket_of]
+        # The fingerprint each key's pending marker names (None: no marker); it outlives
+        # records, and only a commit clears it. The model's submissions are never confirmed
+        # (no broker takes their messages), so every marker is a reservation: it refuses
+        # another fingerprint and never answers "pending".
+        self.marker: list[str | None] = [None] * len(bucket_of)
 
     def rec(self, k: int) -> Rec | None:
         return self.records[k]
@@ -102,17 +104,13 @@ class Model:
 
     def submit(self, k: int, fp: str) -> SubmitExpect:
         r = self.records[k]
-        others = self.submitted[k] - {fp}
-        self.submitted[k].add(fp)
         if r is None or r.state in FREE:
-            # A live pending marker answers pending, or conflict when it stands for another
-            # fingerprint.
-            statuses = {"enqueue", "pending"}
-            if others:
-                statuses.add("conflict")
             bumped = r is not None and r.state in (REVOKED, SUPERSEDED)
             generation = 0 if r is None else r.generation + (1 if bumped else 0)
-            return SubmitExpect(frozenset(statuses), generation, None)
+            if self.marker[k] not in (None, fp):
+                return SubmitExpect(frozenset({"conflict"}), generation, None)
+            self.marker[k] = fp  # this submission's reservation
+            return SubmitExpect(frozenset({"enqueue"}), generation, None)
         if r.fingerprint != fp:
             return SubmitExpect(frozenset({"conflict"}), r.generation, None)
         if r.state == DONE:
@@ -177,6 +175,7 @@ class Model:
         r.receipt = receipt
         self._move(r, DONE, token, note)
         self._saved(k)
+        self.marker[k] = None
         return CommitExpect(ok=True, late=False, to_unknown=False)
 
     def fail(self, k: int, token: int, reason: str) -> bool:
