@@ -712,7 +712,7 @@ class Ledger:
         ]  # fmt: skip
         if not commands:
             return
-        with self.guard():
+        with self.guard(reread=True):  # after a failover, the next confirm finds the master
             self.commands(commands)
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
