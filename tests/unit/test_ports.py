@@ -49,9 +49,11 @@ def test_without_proc_the_linux_default_range_is_avoided(
 def test_a_port_someone_listens_on_is_not_picked(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.create_server(("127.0.0.1", ports.free_port())) as taken:
         busy = taken.getsockname()[1]
-        picks = iter([busy, busy, busy + 1 if busy < 65535 else busy - 1])
-        monkeypatch.setattr(ports.random, "randint", lambda a, b: next(picks))
+        real = ports.random.randint
+        picks = iter([busy, busy])  # the taken port first, twice; then random ones again
+        monkeypatch.setattr(ports.random, "randint", lambda a, b: next(picks, None) or real(a, b))
         assert ports.free_port() != busy
+        assert next(picks, None) is None  # both were tried
 
 
 def test_a_probe_of_a_picked_port_nobody_listens_on_is_refused() -> None:
