@@ -516,8 +516,7 @@ OPS.submit = function()
   -- under a new id): this submission is enqueued too, and the claim makes a second
   -- message a duplicate. A repeat of this very submission (a retried call whose reply was
   -- lost) answers as the first did: submit is safe to repeat per message id.
-  if marker and not force and marker ~= own and marker ~= own .. RESERVED
-      and string.sub(marker, -#RESERVED) ~= RESERVED then
+  if marker and not force and marker ~= own and string.sub(marker, -#RESERVED) ~= RESERVED then
     bump('dup_submit', tool)
     return answer('pending')
   end
