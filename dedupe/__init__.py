@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .errors import KeyFormatError as KeyFormatError
     from .errors import LayoutChangedError as LayoutChangedError
     from .errors import LedgerAuthError as LedgerAuthError
+    from .errors import LedgerConfigError as LedgerConfigError
     from .errors import LedgerError as LedgerError
     from .errors import LedgerUnavailableError as LedgerUnavailableError
     from .errors import MessageError as MessageError
@@ -73,6 +74,7 @@ _WHERE = {
     "Ledger": "ledger",
     "LayoutChangedError": "errors",
     "LedgerAuthError": "errors",
+    "LedgerConfigError": "errors",
     "LedgerError": "errors",
     "LedgerUnavailableError": "errors",
     "Lookup": "spec",

@@ -12,6 +12,8 @@
     ├── LedgerError               the ledger cannot answer or refused a write
     │   ├── LedgerUnavailableError    Redis did not answer: fail closed, execute nothing
     │   ├── LedgerAuthError           Redis refused the credentials (a configuration error)
+    │   ├── LedgerConfigError         the Redis client would not read the ledger's replies
+    │   │                             as UTF-8 text (its decode / encoding options)
     │   ├── VolatileLedgerError       Redis has no AOF and volatility was not allowed
     │   ├── LayoutChangedError        the namespace or bucket count differs from the ledger's
     │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
@@ -55,6 +57,7 @@ __all__ = [
     "KeyFormatError",
     "LayoutChangedError",
     "LedgerAuthError",
+    "LedgerConfigError",
     "LedgerError",
     "LedgerUnavailableError",
     "MessageError",
@@ -121,6 +124,10 @@ class LedgerUnavailableError(LedgerError):
 
 class LedgerAuthError(LedgerError):
     pass
+
+
+class LedgerConfigError(LedgerError):
+    """The client given to the ledger (or made from its URL) cannot carry it."""
 
 
 class VolatileLedgerError(LedgerError):

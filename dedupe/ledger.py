@@ -13,6 +13,7 @@ through the cluster client, which follows the redirect).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import inspect
 import json
@@ -31,6 +32,7 @@ from redis.retry import Retry
 from .errors import (
     LayoutChangedError,
     LedgerAuthError,
+    LedgerConfigError,
     LedgerError,
     LedgerUnavailableError,
     RecordTooLargeError,
@@ -176,7 +178,7 @@ def _is_cluster(seeds: list[str], client_options: dict[str, Any]) -> bool:
     probe_options = {**client_options, "retry": Retry(NoBackoff(), 1)}
     errors: list[str] = []
     for seed in seeds:
-        probe = redis.Redis.from_url(seed, decode_responses=True, **probe_options)
+        probe = redis.Redis.from_url(seed, **probe_options)
         try:
             return int(probe.info("cluster").get("cluster_enabled", 0)) == 1
         except redis.AuthenticationError as exc:
@@ -202,9 +204,7 @@ def _cluster_client(seeds: list[str], client_options: dict[str, Any]) -> redis.R
         for o in others
     ]
     try:
-        return redis.RedisCluster(
-            url=seeds[0], startup_nodes=startup, decode_responses=True, **client_options
-        )
+        return redis.RedisCluster(url=seeds[0], startup_nodes=startup, **client_options)
     except redis.AuthenticationError as exc:
         raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
     except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
@@ -243,13 +243,39 @@ class Submitting:
             self._replies.abandon()
 
 
+def _check_reads_utf8(options: Mapping[str, Any]) -> None:
+    """Refuse client ``options`` (redis-py's connection keyword arguments) that would not
+    read the script's replies as the UTF-8 text they are.
+    Without decoding, a claim granted on the server fails to parse here (and its retry meets
+    its own claim); another codec or error handler alters a non-ASCII receipt or request
+    on its way back. ``decode_responses`` is taken as redis-py takes it (a URL's
+    ``?decode_responses=False`` is a non-empty string: it decodes). The message names the
+    options, never their values (they may come from a URL)."""
+    encoding = options.get("encoding") or "utf-8"
+    try:
+        codec = codecs.lookup(encoding).name if isinstance(encoding, str) else None
+    except LookupError:
+        codec = None
+    if (
+        not options.get("decode_responses")
+        or codec != "utf-8"
+        or options.get("encoding_errors", "strict") != "strict"
+    ):
+        raise LedgerConfigError(
+            "the ledger's Redis client must decode replies as UTF-8: decode_responses=True, "
+            "encoding utf-8, encoding_errors strict (check the client's options or the "
+            "ledger URL's query)"
+        )
+
+
 class Ledger:
     """One record per effect key, bucketed so each call touches one hash slot.
 
     Parameters
     ----------
     client:
-        a ``redis.Redis`` or ``redis.RedisCluster`` client with ``decode_responses=True``.
+        a ``redis.Redis`` or ``redis.RedisCluster`` client with ``decode_responses=True``
+        (UTF-8, strict: another client is refused with LedgerConfigError).
         Keep the ledger in its own database or server, apart from the broker. The ledger
         sets the client's retry policy to none: which calls may be sent again after a
         reply lost on the wire is its decision (a claim is not; a commit is, once).
@@ -282,6 +308,7 @@ class Ledger:
             raise ValueError("the request, receipt and raw response bounds are at most 16 MiB")
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
+        _check_reads_utf8(client.get_connection_kwargs())
         # The ledger decides what is sent again after a lost reply (_REPEATABLE), so the
         # client must not: redis-py's constructor and its cluster client resend a command
         # that timed out, which for a claim answers in_flight against its own claim.
@@ -321,7 +348,11 @@ class Ledger:
         client_options.setdefault("socket_timeout", 5.0)
         client_options.setdefault("socket_connect_timeout", 5.0)
         client_options.setdefault("health_check_interval", 30)
+        client_options.setdefault("decode_responses", True)
         seeds = _seeds(url)
+        # Before any call (INFO cluster is read through the same options); redis-py lets a
+        # URL's query override the keyword arguments.
+        _check_reads_utf8({**client_options, **_url_options(seeds[0])})
         if cluster is None:
             cluster = _is_cluster(seeds, client_options)
         if cluster:
@@ -331,7 +362,7 @@ class Ledger:
                 "the ledger URL lists several nodes, but a plain Redis takes one URL (several "
                 "are seed nodes of a Redis Cluster, and this one is not a Redis Cluster node)"
             )
-        return cls(redis.Redis.from_url(seeds[0], decode_responses=True, **client_options), **mine)
+        return cls(redis.Redis.from_url(seeds[0], **client_options), **mine)
 
     @property
     def cluster(self) -> bool:
