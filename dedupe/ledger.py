@@ -287,6 +287,8 @@ class Ledger:
         after each write, ``WAIT`` for this many replicas (same round trip). A claim that no
         replica acknowledged is not acted on. Redis documents that a failover can still lose
         an acknowledged write: this narrows the window, it does not close it.
+        ``wait_timeout_ms`` (at least 1: WAIT's 0 would block until a replica answers)
+        bounds each WAIT.
     """
 
     def __init__(
@@ -304,8 +306,15 @@ class Ledger:
     ) -> None:
         if not 1 <= buckets <= 16384:
             raise ValueError("buckets must be between 1 and 16384")
-        if max(max_request_bytes, max_receipt_bytes, max_raw_bytes) > _MAX_TEXT_BYTES:
-            raise ValueError("the request, receipt and raw response bounds are at most 16 MiB")
+        bounds = (max_request_bytes, max_receipt_bytes, max_raw_bytes)
+        if max(bounds) > _MAX_TEXT_BYTES or min(bounds) < 1:
+            raise ValueError("the request, receipt and raw response bounds are 1 B to 16 MiB")
+        if wait_replicas < 0:
+            raise ValueError("wait_replicas must be 0 (no WAIT) or more")
+        if wait_replicas and wait_timeout_ms < 1:
+            # WAIT with timeout 0 blocks until the replicas answer: a claim would hang on a
+            # lost replica until the socket timed out, its grant unheard.
+            raise ValueError("wait_timeout_ms must be at least 1 with wait_replicas")
         if not namespace or any(c in namespace for c in "{}: \t\n"):
             raise ValueError("namespace must be non-empty, without braces, colons or spaces")
         _check_reads_utf8(client.get_connection_kwargs())

@@ -96,3 +96,26 @@ def test_spellings_of_utf8_are_accepted_and_round_trip_non_ascii_text(
     record = ledger.get(effect.key)
     assert record is not None and record.request is not None
     assert record.request["args"]["customer"] == "cus_Zoë"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"buckets": 0},
+        {"buckets": 16385},
+        {"namespace": ""},
+        {"namespace": "a:b"},
+        {"namespace": "{x}"},
+        {"wait_replicas": -1},
+        {"wait_replicas": 1, "wait_timeout_ms": 0},  # WAIT 1 0 blocks until a replica answers
+        {"max_request_bytes": 0},
+        {"max_receipt_bytes": -5},
+        {"max_raw_bytes": 2**24},
+    ],
+)
+def test_ledger_options_that_cannot_work_are_refused_when_it_is_made(
+    shared_redis_server: RedisServer, options: dict[str, Any]
+) -> None:
+    client = redis.Redis(port=shared_redis_server.port, decode_responses=True)
+    with pytest.raises(ValueError):
+        Ledger(client, allow_volatile=True, **options)
