@@ -12,8 +12,9 @@
     ├── LedgerError               the ledger cannot answer or refused a write
     │   ├── LedgerUnavailableError    Redis did not answer: fail closed, execute nothing
     │   ├── LedgerAuthError           Redis refused the credentials (a configuration error)
-    │   ├── LedgerConfigError         the Redis client would not read the ledger's replies
-    │   │                             as UTF-8 text (its decode / encoding options)
+    │   ├── LedgerConfigError         the ledger's options cannot work: a client that would
+    │   │                             not read replies as UTF-8, a namespace, bucket count,
+    │   │                             bound or WAIT setting out of range (also a ValueError)
     │   ├── VolatileLedgerError       Redis has no AOF and volatility was not allowed
     │   ├── LayoutChangedError        the namespace or bucket count differs from the ledger's
     │   ├── RecordTooLargeError       a receipt / raw response / request is over its bound
@@ -126,8 +127,10 @@ class LedgerAuthError(LedgerError):
     pass
 
 
-class LedgerConfigError(LedgerError):
-    """The client given to the ledger (or made from its URL) cannot carry it."""
+class LedgerConfigError(LedgerError, ValueError):
+    """The ledger's options cannot work: its Redis client (given, or made from its URL)
+    would not read replies as UTF-8, or a namespace, bucket count, bound or WAIT setting
+    is out of range. A ValueError too, as a bad argument is."""
 
 
 class VolatileLedgerError(LedgerError):

@@ -305,18 +305,25 @@ class Ledger:
         max_raw_bytes: int = 64 * 1024,
     ) -> None:
         if not 1 <= buckets <= 16384:
-            raise ValueError("buckets must be between 1 and 16384")
+            raise LedgerConfigError("buckets must be between 1 and 16384")
         bounds = (max_request_bytes, max_receipt_bytes, max_raw_bytes)
         if max(bounds) > _MAX_TEXT_BYTES or min(bounds) < 1:
-            raise ValueError("the request, receipt and raw response bounds are 1 B to 16 MiB")
+            raise LedgerConfigError(
+                "the request, receipt and raw response bounds are 1 B to 16 MiB"
+            )
         if wait_replicas < 0:
-            raise ValueError("wait_replicas must be 0 (no WAIT) or more")
+            raise LedgerConfigError("wait_replicas must be 0 (no WAIT) or more")
         if wait_replicas and wait_timeout_ms < 1:
             # WAIT with timeout 0 blocks until the replicas answer: a claim would hang on a
             # lost replica until the socket timed out, its grant unheard.
-            raise ValueError("wait_timeout_ms must be at least 1 with wait_replicas")
-        if not namespace or any(c in namespace for c in "{}: \t\n"):
-            raise ValueError("namespace must be non-empty, without braces, colons or spaces")
+            raise LedgerConfigError("wait_timeout_ms must be at least 1 with wait_replicas")
+        # Glob characters too: the layout check finds the namespace's keys by a SCAN
+        # pattern, and `shop*` would pass for `shop` (and run its effects again).
+        if not namespace or any(c in namespace for c in "{}: \t\n*?[]\\"):
+            raise LedgerConfigError(
+                "namespace must be non-empty, without braces, colons, spaces or glob "
+                "characters (* ? [ ] \\)"
+            )
         _check_reads_utf8(client.get_connection_kwargs())
         # The ledger decides what is sent again after a lost reply (_REPEATABLE), so the
         # client must not: redis-py's constructor and its cluster client resend a command

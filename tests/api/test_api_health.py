@@ -24,7 +24,9 @@ def test_health_and_readiness_need_no_token(api: Api) -> None:
 
 def test_readiness_fails_while_the_ledger_does_not_answer() -> None:
     cfg = Settings(api_tokens=SecretStr(TOKENS))
-    nobody = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
+    nobody = redis.Redis(
+        port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5, decode_responses=True
+    )
     previous = runtime.current()
     dead = runtime.Runtime(cfg, broker=previous.broker, ledger=Ledger(nobody, allow_volatile=True))
     try:

@@ -35,6 +35,19 @@ def test_a_changed_namespace_on_a_ledger_with_records_is_refused(
     ledger_from_settings(_settings(redis_server, namespace="shop"))
 
 
+@pytest.mark.parametrize("renamed", ["shop*", "sh?p", "s[h]op", "sho\\p"])
+def test_a_namespace_with_glob_characters_is_refused_before_it_can_pass_for_another(
+    redis_server: RedisServer, renamed: str
+) -> None:
+    # The layout check finds "its" keys by a SCAN pattern made of the namespace: `shop*`
+    # matched shop's records, passed for a known namespace, and every effect ran again.
+    ledger = ledger_from_settings(_settings(redis_server, namespace="shop"))
+    ledger.claim(charge(), lease_s=30, holder="w/1")
+    with pytest.raises(ValueError, match="namespace must be"):
+        ledger_from_settings(_settings(redis_server, namespace=renamed))
+    assert not redis_server.client().exists(f"{renamed}:layout")
+
+
 def test_a_changed_bucket_count_is_refused(redis_server: RedisServer) -> None:
     Ledger.from_url(redis_server.url, namespace="shop").check_layout()
     with pytest.raises(LayoutChangedError, match="laid out in 256 buckets, not 64"):

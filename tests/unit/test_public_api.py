@@ -11,8 +11,8 @@ PUBLIC = {
     "dedupe": {
         "CampaignPlan", "CampaignStore", "CanonicalizationError", "Claim", "ClaimOutcome",
         "ConflictError", "Effect", "EffectRecord", "EffectqError", "Found", "IdentityError",
-        "KeyFormatError", "LayoutChangedError", "Ledger", "LedgerAuthError", "LedgerError",
-        "LedgerUnavailableError", "Lookup", "LookupResult",
+        "KeyFormatError", "LayoutChangedError", "Ledger", "LedgerAuthError", "LedgerConfigError",
+        "LedgerError", "LedgerUnavailableError", "Lookup", "LookupResult",
         "MessageError", "MissingFieldError", "NotExecutedError", "NotFound", "NotFoundError",
         "OperatorError", "ProviderError", "RecordTooLargeError", "RejectedError", "SpecError",
         "StaleMessageError", "State",
