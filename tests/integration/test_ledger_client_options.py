@@ -117,5 +117,6 @@ def test_ledger_options_that_cannot_work_are_refused_when_it_is_made(
     shared_redis_server: RedisServer, options: dict[str, Any]
 ) -> None:
     client = redis.Redis(port=shared_redis_server.port, decode_responses=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(LedgerConfigError) as refused:
         Ledger(client, allow_volatile=True, **options)
+    assert isinstance(refused.value, ValueError)  # as a bad argument was before
