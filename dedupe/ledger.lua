@@ -14,10 +14,10 @@
 --                              "dup_claim:<tool>" (duplicates suppressed at each stage),
 --                              "conflict:<tool>"
 --   KEYS[4]  pending  string: "<fingerprint hex>|<message id>" of a live broker message for this
---                              effect (producer-side dedupe before the broker), written by
---                              the producer once the broker accepted it; "...|<message id>|r"
---                              until then (a reservation, written by submit); expires by
---                              itself, cleared on DONE and on dead-letter
+--                              effect (producer-side dedupe before the broker), confirmed
+--                              by the producer once the broker accepted it (confirm);
+--                              "...|<message id>|r" until then (a reservation, written by
+--                              submit); expires by itself, cleared on DONE and on dead-letter
 --   KEYS[5]  unknown  zset:   effect key -> ms it became UNKNOWN: the operators' work queue
 --   KEYS[6]  campaigns hash:  "<campaign tag>:<STATE>" -> records of one campaign in each
 --                              state (campaign status without a scan; kept apart from
@@ -86,6 +86,7 @@ local STEP = '>BBI6Hc0'
 -- loaded once; under EVAL the whole file runs per call, as before).
 local K, A, now, key, rec
 local OPS = {}
+local MARKER_OPS = {}
 
 local function nonzero(v) if v ~= 0 then return v end end
 local function nonempty(v) if v ~= '' then return v end end
@@ -524,6 +525,21 @@ OPS.submit = function()
   return answer('enqueue')
 end
 
+-- confirm(message id, fingerprint hex, pending_ms): the broker accepted the message whose
+-- submit reserved the marker: the reservation becomes the marker that answers "pending",
+-- for pending_ms. Only that reservation (or that confirmed marker: a confirm sent twice).
+-- A marker that is gone (lapsed, cleared by a commit) or another message's stays as it is:
+-- a confirm that lands late, after its message ran, never stands for a later submission.
+-- It touches the marker alone, so run() sends it on before reading the clock or the record
+-- (a producer confirms every message it sends; a campaign, a thousand a batch).
+MARKER_OPS.confirm = function()
+  local own = A[4] .. '|' .. A[3]
+  local marker = redis.call('GET', K[4])
+  if marker ~= own .. RESERVED and marker ~= own then return 0 end
+  redis.call('SET', K[4], own, 'PX', tonumber(A[5]))
+  return 1
+end
+
 -- get(): the record as the JSON object of the format before this one (fingerprint in hex)
 -- and its PTTL, or nil: the one reader of the stored form is this script.
 OPS.get = function()
@@ -539,9 +555,11 @@ end
 -- a Redis Function.
 local function run(keys, args)
   K, A = keys, args
+  key = A[2]
+  local marker_op = MARKER_OPS[A[1]]
+  if marker_op then return marker_op() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  key = A[2]
   local blob = redis.call('GET', K[1])
   rec = blob and decode(blob) or nil
   local op = OPS[A[1]]

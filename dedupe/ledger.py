@@ -581,11 +581,11 @@ class Ledger:
         """The script for each (effect key, argv), pipelined: one round trip per server.
 
         Only for calls that are safe to repeat (``submit``: a repeat of one message id
-        answers as the first did). On a cluster, the calls that met a failover — a master
-        that does not answer, CLUSTERDOWN while the cluster promotes its replica, a slot
-        that moved — go again after the slot map is re-read, backing off, for up to
-        ``_FAILOVER_S``: the node pipelines bypass the cluster client, which would do that
-        for a single call."""
+        answers as the first did; ``confirm``). On a cluster, the calls that met a
+        failover — a master that does not answer, CLUSTERDOWN while the cluster promotes
+        its replica, a slot that moved — go again after the slot map is re-read, backing
+        off, for up to ``_FAILOVER_S``: the node pipelines bypass the cluster client, which
+        would do that for a single call."""
         if not isinstance(self.client, redis.RedisCluster):
             try:
                 if len(calls) == 1:
@@ -748,19 +748,19 @@ class Ledger:
     # lapsed before the confirm stays gone, with the same outcome for the next submission.
 
     def confirm_pending(self, sent: Iterable[tuple[Effect, str]], pending_s: float) -> None:
-        """The broker accepted these (effect, message id) messages: each effect's marker now
-        names its message and lasts ``pending_s`` (one pipelined round trip). A marker that
-        is gone (lapsed, or cleared by the effect's commit) is not written again."""
+        """The broker accepted these (effect, message id) messages: each one's reservation
+        now answers "pending" and lasts ``pending_s`` (one pipelined round trip). A marker
+        that is gone (lapsed, or cleared by the effect's commit) or that another submission
+        wrote since is left as it is (the script's ``confirm``)."""
         ms = _ms(pending_s)
-        commands: list[list[Any]] = [
-            ["SET", self._pending_key(effect.key), f"{effect.fingerprint}|{message_id}",
-             "PX", ms, "XX"]
+        batch = [
+            (effect.key, ["confirm", effect.key, message_id, effect.fingerprint, ms])
             for effect, message_id in sent
-        ]  # fmt: skip
-        if not commands:
+        ]
+        if not batch:
             return
         with self.guard(reread=True):  # after a failover, the next confirm finds the master
-            self.commands(commands)
+            self._script_batch(batch)
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
         """Plain commands in one round trip, their replies in order; the first error reply

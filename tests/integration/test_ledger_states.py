@@ -616,3 +616,23 @@ def test_a_long_note_is_cut_so_the_packed_record_stays_readable(ledger: Ledger) 
 def test_text_bounds_over_the_records_3_byte_lengths_are_refused(ledger: Ledger) -> None:
     with pytest.raises(ValueError, match="16 MiB"):
         Ledger(ledger.client, namespace=ledger.namespace, max_receipt_bytes=2**24)
+
+
+def test_a_late_confirm_never_turns_a_later_reservation_into_a_pending_answer(
+    ledger: Ledger,
+) -> None:
+    """A producer's confirm may land long after its message ran: here after the effect was
+    done, revoked, and submitted again by a producer that died before its enqueue. The
+    confirm is of the first message only; the later reservation still stands for no
+    message, so the next submission is enqueued (it answered "pending" for a message that
+    had run, until the marker lapsed)."""
+    effect = charge()
+    assert ledger.submit(effect, message_id="m-1", pending_s=60).status == "enqueue"
+    done(ledger, effect)  # m-1 ran; its commit cleared the marker
+    ledger.operate(effect.key, "revoke", note="actor=ops reason=refund", retention_s=60)
+    assert ledger.submit(effect, message_id="m-2", pending_s=60).status == "enqueue"
+    ledger.confirm_pending([(effect, "m-1")], 3600)  # m-1's producer, late
+    assert ledger.submit(effect, message_id="m-3", pending_s=60).status == "enqueue"
+    ledger.confirm_pending([(effect, "m-3")], 3600)  # the broker took m-3
+    ledger.confirm_pending([(effect, "m-3")], 3600)  # a confirm may be sent twice
+    assert ledger.submit(effect, message_id="m-4", pending_s=60).status == "pending"

@@ -58,6 +58,13 @@ class ClaimExpect:
 
 
 @dataclass(frozen=True)
+class Marker:
+    fingerprint: str
+    message_id: str
+    confirmed: bool
+
+
+@dataclass(frozen=True)
 class SubmitExpect:
     statuses: frozenset[str]
     generation: int
@@ -78,11 +85,11 @@ class Model:
         self.bucket_of = bucket_of
         self.records: list[Rec | None] = [None] * len(bucket_of)
         self.floor: dict[int, int] = {}
-        # The fingerprint each key's pending marker names (None: no marker); it outlives
-        # records, and only a commit clears it. The model's submissions are never confirmed
-        # (no broker takes their messages), so every marker is a reservation: it refuses
-        # another fingerprint and never answers "pending".
-        self.marker: list[str | None] = [None] * len(bucket_of)
+        # Each key's pending marker (None: none): the fingerprint and message id it names,
+        # and whether the producer confirmed it (the broker took that message). It outlives
+        # records, and only a commit clears it. A marker refuses another fingerprint; only a
+        # confirmed one answers "pending", to another message id.
+        self.marker: list[Marker | None] = [None] * len(bucket_of)
 
     def rec(self, k: int) -> Rec | None:
         return self.records[k]
@@ -102,14 +109,18 @@ class Model:
 
     # -- producer -------------------------------------------------------------------------
 
-    def submit(self, k: int, fp: str) -> SubmitExpect:
+    def submit(self, k: int, fp: str, message_id: str) -> SubmitExpect:
         r = self.records[k]
         if r is None or r.state in FREE:
             bumped = r is not None and r.state in (REVOKED, SUPERSEDED)
             generation = 0 if r is None else r.generation + (1 if bumped else 0)
-            if self.marker[k] not in (None, fp):
+            marker = self.marker[k]
+            if marker is not None and marker.fingerprint != fp:
                 return SubmitExpect(frozenset({"conflict"}), generation, None)
-            self.marker[k] = fp  # this submission's reservation
+            if marker is not None and marker.confirmed and marker.message_id != message_id:
+                return SubmitExpect(frozenset({"pending"}), generation, None)
+            if marker != Marker(fp, message_id, confirmed=True):
+                self.marker[k] = Marker(fp, message_id, confirmed=False)  # its reservation
             return SubmitExpect(frozenset({"enqueue"}), generation, None)
         if r.fingerprint != fp:
             return SubmitExpect(frozenset({"conflict"}), r.generation, None)
@@ -118,6 +129,14 @@ class Model:
         if r.state == RECONCILING or (r.state == CLAIMED and r.lease_live):
             return SubmitExpect(frozenset({"pending"}), r.generation, None)
         return SubmitExpect(frozenset({"blocked"}), r.generation, None)
+
+    def confirm(self, k: int, fp: str, message_id: str) -> Marker | None:
+        """The broker took this message: its own marker, reserved or confirmed, is confirmed;
+        any other (gone, or written by a later submission) stays as it is. The marker after."""
+        marker = self.marker[k]
+        if marker is not None and (marker.fingerprint, marker.message_id) == (fp, message_id):
+            self.marker[k] = Marker(fp, message_id, confirmed=True)
+        return self.marker[k]
 
     # -- worker -------------------------------------------------------------------------
 

@@ -97,6 +97,7 @@ class Message:
     k: int
     variant: int
     generation: int
+    message_id: str
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _submit(self, k: int, variant: int) -> Message:
         effect = self.effects[k][variant]
-        expect = self.model.submit(k, effect.fingerprint)
-        got = self.ledger.submit(effect, message_id=f"m{next(self.serial)}", pending_s=LONG_S)
+        message_id = f"m{next(self.serial)}"
+        expect = self.model.submit(k, effect.fingerprint, message_id)
+        got = self.ledger.submit(effect, message_id=message_id, pending_s=LONG_S)
         assert got.status.value in expect.statuses, (
             f"submit k{k}: ledger {got.status.value}, model {sorted(expect.statuses)}"
         )
@@ -207,7 +209,26 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         if got.status.value == "done":
             assert got.receipt == expect.receipt
-        return Message(k, variant, got.generation)
+        return Message(k, variant, got.generation, message_id)
+
+    @rule(msg=messages)
+    def confirm(self, msg: Message) -> None:
+        """The producer heard that the broker took ``msg``: at once, or late (after the
+        message ran, or after later submissions of its key)."""
+        effect = self.effects[msg.k][msg.variant]
+        expect = self.model.confirm(msg.k, effect.fingerprint, msg.message_id)
+        self.ledger.confirm_pending([(effect, msg.message_id)], LONG_S)
+        stored = self.ledger.client.get(self.ledger._pending_key(effect.key))
+        if expect is None:
+            wanted = None
+        else:
+            reserved = "" if expect.confirmed else "|r"
+            wanted = f"{expect.fingerprint}|{expect.message_id}{reserved}"
+        took = expect is not None and expect.message_id == msg.message_id
+        event(f"confirm: {'its own marker' if took else 'left as it was'}")
+        assert stored == wanted, (
+            f"confirm k{msg.k} {msg.message_id}: marker {stored}, model {wanted}"
+        )
 
     def _claim(self, msg: Message, name: str, tiny: bool) -> Any:
         k = msg.k
