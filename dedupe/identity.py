@@ -25,6 +25,7 @@ not swallowed by the provider's own deduplication of the voided one.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -42,10 +43,12 @@ from .errors import (
 from .normalize import FieldNormalizer
 from .spec import ToolSpec
 
-__all__ = ["MAX_SCOPE_CHARS", "Effect", "check_key", "derive", "idempotency_key"]
+__all__ = ["MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive", "idempotency_key"]
 
 MAX_SCOPE_CHARS = 256
 _VERSION = 1
+_IDENTITY_LIMIT = 8192
+_JSON_STRING = json.JSONEncoder(ensure_ascii=False).encode
 _KEY = re.compile(r"[0-9a-f]{64}")
 # Argument names enter a message only when they look like names: a name is data too.
 _ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z_]{0,31}")
@@ -109,6 +112,11 @@ def _forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
 
 
 def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    _check_names(spec, args)
+    return _all_forms(spec, args)
+
+
+def _check_names(spec: ToolSpec, args: Mapping[str, Any]) -> None:
     if not isinstance(args, Mapping):
         raise CanonicalizationError(f"{spec.name}: arguments must be an object", tool=spec.name)
     if not all(isinstance(name, str) for name in args):
@@ -126,6 +134,9 @@ def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any]
             tool=spec.name,
             fields=missing,
         )
+
+
+def _all_forms(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     submitted: dict[str, Any] = {}
     normalized: dict[str, Any] = {}
     for name, value in args.items():
@@ -142,11 +153,7 @@ def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any]
     return submitted, normalized
 
 
-def derive(
-    spec: ToolSpec, scope: str, args: Mapping[str, Any], *, action: str | None = None
-) -> Effect:
-    """Derive the effect of calling ``spec`` for ``scope`` with ``args`` (and one of the
-    tool's declared actions; its default when None). Raises an IdentityError, no other."""
+def _scope_and_action(spec: ToolSpec, scope: str, action: str | None) -> tuple[str, str]:
     action = spec.action if action is None else action
     if not isinstance(action, str) or action not in spec.actions:
         shown = repr(action) if isinstance(action, str) and len(action) <= 64 else "given"
@@ -160,22 +167,144 @@ def derive(
         raise CanonicalizationError(
             f"{spec.name}: scope longer than {MAX_SCOPE_CHARS} characters", tool=spec.name
         )
-    scope = unicodedata.normalize("NFC", scope.strip())
+    return unicodedata.normalize("NFC", scope.strip()), action
+
+
+def _identity(spec: ToolSpec, action: str, scope: str, norm: Mapping[str, Any]) -> dict[str, Any]:
+    target = {f: norm[f] for f in spec.identity}
+    return {"v": _VERSION, "tool": spec.name, "action": action, "scope": scope, "target": target}
+
+
+def _bound(spec: ToolSpec, norm: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tool": spec.name, "bound": {f: norm[f] for f in spec.bound}}
+
+
+def derive(
+    spec: ToolSpec, scope: str, args: Mapping[str, Any], *, action: str | None = None
+) -> Effect:
+    """Derive the effect of calling ``spec`` for ``scope`` with ``args`` (and one of the
+    tool's declared actions; its default when None). Raises an IdentityError, no other."""
+    scope, action = _scope_and_action(spec, scope, action)
     args, norm = _normalized(spec, args)
-    identity: dict[str, Any] = {
-        "v": _VERSION,
-        "tool": spec.name,
-        "action": action,
-        "scope": scope,
-        "target": {f: norm[f] for f in spec.identity},
-    }
-    key = _sha256(canonical_bytes(identity, field=f"{spec.name}.identity", limit=8192))
-    bound = {"tool": spec.name, "bound": {f: norm[f] for f in spec.bound}}
-    fingerprint = _sha256(canonical_bytes(bound, field=f"{spec.name}.bound"))
+    identity = _identity(spec, action, scope, norm)
+    key = _sha256(canonical_bytes(identity, field=f"{spec.name}.identity", limit=_IDENTITY_LIMIT))
+    fingerprint = _sha256(canonical_bytes(_bound(spec, norm), field=f"{spec.name}.bound"))
     # Free content must still be JSON: it travels in the message and the stored request.
     if free := {f: args[f] for f in spec.free if f in args}:
         canonical_bytes(free, field=f"{spec.name}.free")
     return Effect(spec.name, action, scope, key, fingerprint, args, norm)
+
+
+class Deriver:
+    """``derive`` for many calls of one tool under one scope and action that differ in one
+    identity field only: a campaign's recipients. Gives derive's effect, byte for byte
+    (tests/unit/test_deriver.py), and raises what derive raises.
+
+    The shared arguments are normalized once, and where the varying field's key form is an
+    ASCII string (an address, an id: nearly every recipient) the canonical identity and
+    bound forms are that string's JSON between two fixed byte strings, taken once from the
+    canonical form of the shared part around a placeholder. Any other value, and shared
+    arguments derive would refuse, go through derive itself."""
+
+    def __init__(
+        self,
+        spec: ToolSpec,
+        scope: str,
+        shared: Mapping[str, Any],
+        field: str,
+        action: str | None = None,
+    ) -> None:
+        self.spec, self.scope, self.field, self.action = spec, scope, field, action
+        self.shared = dict(shared)
+        self._fast: _Template | None = None
+        try:
+            self._fast = _Template.of(spec, scope, self.shared, field, action)
+        except Exception:  # derive raises it, per call, as always
+            self._fast = None
+
+    def __call__(self, value: Any) -> Effect:
+        fast = self._fast
+        effect = fast.effect(self.spec, self.field, value) if fast is not None else None
+        if effect is None:
+            effect = derive(
+                self.spec, self.scope, {**self.shared, self.field: value}, action=self.action
+            )
+        return effect
+
+
+_PLACEHOLDER = "effectq:varying-field:5f0c2d9a"
+
+
+@dataclass(frozen=True)
+class _Template:
+    """The canonical identity and bound forms of a Deriver's calls, split where the varying
+    field's value goes; ``bound`` None when the field is not bound (one fingerprint)."""
+
+    action: str
+    scope: str
+    args: dict[str, Any]
+    norm: dict[str, Any]
+    identity: tuple[bytes, bytes]
+    bound: tuple[bytes, bytes] | None
+    fingerprint: str
+
+    @classmethod
+    def of(
+        cls,
+        spec: ToolSpec,
+        scope: str,
+        shared: dict[str, Any],
+        field: str,
+        action: str | None,
+    ) -> _Template | None:
+        """None where the fast path does not apply; raises where derive would raise for
+        every value (the caller then leaves every call to derive)."""
+        scope, action = _scope_and_action(spec, scope, action)
+        if field not in spec.identity or field in shared:
+            return None
+        # derive's checks (with the field present) and the forms of the shared part.
+        _check_names(spec, {**shared, field: _PLACEHOLDER})
+        args, norm = _all_forms(spec, shared)
+        if free := {f: args[f] for f in spec.free if f in args}:
+            canonical_bytes(free, field=f"{spec.name}.free")
+        marked = {**norm, field: _PLACEHOLDER}
+        identity = _split(
+            canonical_bytes(_identity(spec, action, scope, marked), limit=_IDENTITY_LIMIT)
+        )
+        bound = _split(canonical_bytes(_bound(spec, marked))) if field in spec.bound else None
+        if identity is None or (field in spec.bound and bound is None):
+            return None
+        fingerprint = "" if bound is not None else _sha256(canonical_bytes(_bound(spec, norm)))
+        return cls(action, scope, args, norm, identity, bound, fingerprint)
+
+    def effect(self, spec: ToolSpec, field: str, value: Any) -> Effect | None:
+        """The effect for ``value``, or None: derive decides (and words any refusal)."""
+        try:
+            submitted, form = _forms(spec, field, value)
+        except Exception:  # derive raises it, worded as always
+            return None
+        if type(form) is not str or not form.isascii():
+            return None
+        # An ASCII string's JSON is the standard library's, as canonical_bytes writes it.
+        text = _JSON_STRING(form).encode()
+        head, tail = self.identity
+        identity = head + text + tail
+        if len(identity) > _IDENTITY_LIMIT:
+            return None
+        fingerprint = self.fingerprint
+        if self.bound is not None:
+            fingerprint = _sha256(self.bound[0] + text + self.bound[1])
+        args = {**self.args, field: submitted}
+        norm = {**self.norm, field: form}
+        return Effect(
+            spec.name, self.action, self.scope, _sha256(identity), fingerprint, args, norm
+        )
+
+
+def _split(canonical: bytes) -> tuple[bytes, bytes] | None:
+    """``canonical`` cut around the placeholder's JSON, where it occurs exactly once."""
+    parts = canonical.split(_JSON_STRING(_PLACEHOLDER).encode())
+    return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
 def idempotency_key(key: str, generation: int) -> str:
