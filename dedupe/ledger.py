@@ -43,7 +43,7 @@ from .identity import Effect
 from .records import Claim, EffectRecord, State, Submission, Takeover, Write
 from .script import LedgerScript, Many, first_error
 
-__all__ = ["DEFAULT_BUCKETS", "Ledger", "Submitting", "ledger_error"]
+__all__ = ["DEFAULT_BUCKETS", "Confirming", "Ledger", "Submitting", "ledger_error"]
 
 DEFAULT_BUCKETS = 256
 # Failover and resharding answers: the call did not run; the next one can.
@@ -241,6 +241,28 @@ class Submitting:
     def abandon(self) -> None:
         if isinstance(self._replies, Many):
             self._replies.abandon()
+
+
+class Confirming:
+    """A confirm batch ``Ledger.start_confirm`` sent: ``wait`` reads it once."""
+
+    def __init__(self, ledger: Ledger, replies: Many | None) -> None:
+        self._ledger, self._replies = ledger, replies
+
+    def wait(self) -> None:
+        """Raises LedgerUnavailableError (as ``confirm_pending``) if the server failed."""
+        replies, self._replies = self._replies, None
+        if replies is not None:
+            with self._ledger.guard(reread=True):
+                try:
+                    first_error(replies.replies())
+                except redis.exceptions.MovedError:
+                    raise _misdetected() from None
+
+    def abandon(self) -> None:
+        replies, self._replies = self._replies, None
+        if replies is not None:
+            replies.abandon()
 
 
 def _check_reads_utf8(options: Mapping[str, Any]) -> None:
@@ -752,15 +774,28 @@ class Ledger:
         now answers "pending" and lasts ``pending_s`` (one pipelined round trip). A marker
         that is gone (lapsed, or cleared by the effect's commit) or that another submission
         wrote since is left as it is (the script's ``confirm``)."""
+        self.start_confirm(sent, pending_s).wait()
+
+    def start_confirm(self, sent: Iterable[tuple[Effect, str]], pending_s: float) -> Confirming:
+        """``confirm_pending`` in two halves, so a producer goes on while the server
+        confirms: on one server the confirms are on the wire, on a connection of their own,
+        when this returns (this thread's other ledger calls go on meanwhile) and
+        ``Confirming.wait`` reads them; on a cluster, or for one call, they are done by
+        then."""
         ms = _ms(pending_s)
         batch = [
             (effect.key, ["confirm", effect.key, message_id, effect.fingerprint, ms])
             for effect, message_id in sent
         ]
         if not batch:
-            return
-        with self.guard(reread=True):  # after a failover, the next confirm finds the master
-            self._script_batch(batch)
+            return Confirming(self, None)
+        # After a failover, the next confirm finds the master (reread).
+        with self.guard(reread=True):
+            if isinstance(self.client, redis.RedisCluster) or len(batch) == 1:
+                self._script_batch(batch)
+                return Confirming(self, None)
+            keyed = [(self._keys(key), argv) for key, argv in batch]
+            return Confirming(self, self._script.start_many(keyed, own_connection=True))
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
         """Plain commands in one round trip, their replies in order; the first error reply

@@ -233,14 +233,26 @@ class LedgerScript:
         return self.start_many(calls, read_only=read_only).replies()
 
     def start_many(
-        self, calls: list[tuple[list[str], list[Any]]], *, read_only: bool = False
+        self,
+        calls: list[tuple[list[str], list[Any]]],
+        *,
+        read_only: bool = False,
+        own_connection: bool = False,
     ) -> Many:
         """``many`` in two halves: the calls are on the wire when this returns, and
         ``Many.replies`` reads their replies, so the caller works while the server does.
-        Until then no other call may use this thread's connection."""
-        conn = self._connection()
-        send(conn, [self._command(*call, read_only) for call in calls])
-        return Many(self, conn, calls, read_only)
+        Until then no other call may use this thread's connection; with
+        ``own_connection`` the calls go on one taken from the pool instead (given back
+        once read), so the thread's other calls go on meanwhile."""
+        pool = self._client.connection_pool if own_connection else None
+        conn = pool.get_connection() if pool is not None else self._connection()
+        try:
+            send(conn, [self._command(*call, read_only) for call in calls])
+        except BaseException:
+            if pool is not None:
+                pool.release(conn)
+            raise
+        return Many(self, conn, calls, read_only, pool)
 
     def commands(self, commands: list[list[Any]]) -> list[Any]:
         """Plain commands in one round trip on this thread's connection (not on a
@@ -320,12 +332,20 @@ class Many:
         conn: Any,
         calls: list[tuple[list[str], list[Any]]],
         read_only: bool,
+        pool: Any = None,
     ) -> None:
         self._script, self._conn, self._calls, self._read_only = script, conn, calls, read_only
+        self._pool = pool  # the connection's pool, when it is not the thread's own
 
     def replies(self) -> list[Any]:
         """The replies in order, an error reply as its exception; the calls that did not
         run (a lost library or script cache) sent again once it is loaded, twice at most."""
+        try:
+            return self._replies()
+        finally:
+            self._release()
+
+    def _replies(self) -> list[Any]:
         conn, script, calls = self._conn, self._script, self._calls
         replies = replies_of(conn, len(calls))
         todo = [i for i, reply in enumerate(replies) if _did_not_run(reply)]
@@ -346,3 +366,9 @@ class Many:
         """Not read (the caller failed meanwhile): the connection is closed, so the
         replies can never answer a later call."""
         self._conn.disconnect()
+        self._release()
+
+    def _release(self) -> None:
+        if self._pool is not None:
+            self._pool.release(self._conn)
+            self._pool = None

@@ -39,10 +39,12 @@ from dedupe import (
 )
 from dedupe.campaigns import PlanDigest, normalize_campaign_id
 from dedupe.failpoints import failpoint
+from dedupe.identity import Deriver
+from dedupe.ledger import Confirming
 
 from . import tracing
 from .broker.fanout import Sending, send_many
-from .producer import confirm_pending
+from .producer import finish_confirm, start_confirm
 from .registry import get_tool
 from .runtime import current
 from .tool import EffectTool, Envelope
@@ -288,6 +290,8 @@ class _Planner:
         # nor fingerprint: derive each recipient without it, check and normalize it once.
         self.template = {k: v for k, v in args.items() if k in tool.spec.free}
         self.shared = {k: v for k, v in args.items() if k not in self.template}
+        # The shared part normalized once; per recipient only its own field (derive's effect).
+        self.deriver = Deriver(tool.spec, campaign_id, self.shared, recipient, action)
         self.content: dict[str, Any] | None = None
         self.sample: Effect | None = None
         self.digest = PlanDigest()
@@ -340,9 +344,7 @@ class _Planner:
 
     def _derive(self, index: int, value: Any, report: CampaignReport) -> Effect | None:
         try:
-            effect = self.tool.derive(
-                self.campaign_id, {**self.shared, self.recipient: value}, self.action
-            )
+            effect = self.deriver(value)
         except IdentityError as exc:
             report.reject(index, exc.message)
             return None
@@ -484,8 +486,9 @@ def _fan_out(
     progress: Callable[[int], None] | None,
     ttl_s: float,
 ) -> None:
-    """Pass 2, a batch at a time in two stages that overlap: batch i+1 is built and marked
-    in the ledger while the broker takes batch i."""
+    """Pass 2, a batch at a time in stages that overlap: batch i+1 is built and marked in
+    the ledger while the broker takes batch i, and batch i's confirms are read only once
+    batch i+2 is built."""
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
     actor = tool.actor
@@ -495,13 +498,17 @@ def _fan_out(
     carried = tracing.traceparent()
     options: dict[str, Any] = {tracing.TRACEPARENT: carried} if carried is not None else {}
 
+    confirming: tuple[Confirming | None, int] = (None, 0)  # the last batch's, and its size
+
     def sent(batch: list[Effect], messages: list[Message[Any]], had: list[str]) -> None:
+        nonlocal confirming
         keys = [m.args[0]["key"] for m in messages]
         effects = {e.key: e for e in batch}
-        confirm_pending(
-            ledger, [(effects[k], m.message_id) for k, m in zip(keys, messages, strict=True)],
-            cfg.pending_ttl_s,
-        )  # fmt: skip
+        # On the wire, read after the next batch is built (as confirm_pending otherwise);
+        # one batch of confirms unread at a time.
+        finish_confirm(*confirming)
+        pairs = [(effects[k], m.message_id) for k, m in zip(keys, messages, strict=True)]
+        confirming = (start_confirm(ledger, pairs, cfg.pending_ttl_s), len(pairs))
         # Sent: a message exists for it, now or from an earlier submission (done, held by a
         # worker, awaiting reconciliation). A conflict was never sent under this plan.
         store.mark_sent(plan.campaign_id, plan.version, [*keys, *had], ttl_s=ttl_s)
@@ -510,7 +517,7 @@ def _fan_out(
             progress(len(batch))
 
     # The broker takes batch i while the next one is built and marked (send_many: on the
-    # wire, its replies read later); at most one batch is in flight.
+    # wire, its replies read later); at most one batch is in flight, and one confirm batch.
     sending: Sending | None = None
     previous: tuple[list[Effect], list[Message[Any]], list[str]] = ([], [], [])
     try:
@@ -536,6 +543,8 @@ def _fan_out(
             except BaseException:
                 submitting.abandon()
                 raise
+            finish_confirm(*confirming)
+            confirming = (None, 0)
             answers = submitting.answers()
             for effect, answer in zip(batch, answers, strict=True):
                 if answer.status is not SubmitStatus.ENQUEUE:
@@ -554,9 +563,13 @@ def _fan_out(
             sending.wait()
             sent(*previous)
             sending = None
+        finish_confirm(*confirming)
+        confirming = (None, 0)
     finally:
         if sending is not None:  # a failure meanwhile: that batch's replies go unread
             sending.abandon()
+        if confirming[0] is not None:  # unread: its reservations lapse, the messages run
+            confirming[0].abandon()
     report.skipped = dict(skipped)
 
 

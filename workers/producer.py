@@ -26,13 +26,23 @@ from dedupe import (
     SubmitStatus,
 )
 from dedupe.failpoints import failpoint
+from dedupe.ledger import Confirming
 
 from . import tracing
 from .registry import get_tool
 from .runtime import Runtime, current
 from .tool import EffectTool, Envelope
 
-__all__ = ["Handle", "Status", "WaitTimeout", "confirm_pending", "poll_record", "submit"]
+__all__ = [
+    "Handle",
+    "Status",
+    "WaitTimeout",
+    "confirm_pending",
+    "finish_confirm",
+    "poll_record",
+    "start_confirm",
+    "submit",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,10 +138,32 @@ def confirm_pending(ledger: Ledger, sent: list[tuple[Effect, str]], pending_s: f
     the ledger cannot be reached now, the reservations lapse within seconds and the messages
     still run; a later submission may send a second message, which the claim makes a
     duplicate."""
+    finish_confirm(start_confirm(ledger, sent, pending_s), len(sent))
+
+
+def start_confirm(
+    ledger: Ledger, sent: list[tuple[Effect, str]], pending_s: float
+) -> Confirming | None:
+    """``confirm_pending`` started (``Ledger.start_confirm``); ``finish_confirm`` ends it.
+    None when the ledger could not be reached (logged, as ``confirm_pending``)."""
     try:
-        ledger.confirm_pending(sent, pending_s)
+        return ledger.start_confirm(sent, pending_s)
     except LedgerUnavailableError as exc:
-        log.warning("pending markers of %d enqueued messages not confirmed: %s", len(sent), exc)
+        _not_confirmed(len(sent), exc)
+        return None
+
+
+def finish_confirm(confirming: Confirming | None, count: int) -> None:
+    if confirming is None:
+        return
+    try:
+        confirming.wait()
+    except LedgerUnavailableError as exc:
+        _not_confirmed(count, exc)
+
+
+def _not_confirmed(count: int, exc: LedgerUnavailableError) -> None:
+    log.warning("pending markers of %d enqueued messages not confirmed: %s", count, exc)
 
 
 def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:

@@ -134,6 +134,26 @@ def test_a_100k_campaign_is_frozen_fanned_out_and_reported_without_a_scan(
     print(f"100k fan-out {fanned:.1f}s, status {answered * 1000:.0f} ms")
 
 
+def test_every_batch_of_a_fan_out_confirms_its_markers_and_gives_back_its_connections(
+    live: LocalStack,
+) -> None:
+    # Three batches: a batch's confirms are read only after the next batch is built, the
+    # last one's after the loop. An unread or unsent confirm would leave a reservation.
+    ledger = runtime.ledger()
+    pool = ledger.client.connection_pool
+    in_use = set(pool._in_use_connections)  # type: ignore[attr-defined]
+    report = submit_campaign("spring-confirm", "send_email", _people(2500), TEMPLATE)
+    assert report.sent == 2500
+    rows = campaign_status("spring-confirm", page_size=3000)["recipients"]
+    markers = ledger.client.mget([ledger._pending_key(row["key"]) for row in rows])
+    assert len(markers) == 2500 and all(m is not None for m in markers)
+    reserved = [m for m in markers if str(m).endswith("|r")]
+    assert not reserved, f"{len(reserved)} reservations never confirmed"
+    assert pool._in_use_connections == in_use  # type: ignore[attr-defined]
+    again = submit_campaign("spring-confirm", "send_email", _people(2500), TEMPLATE)
+    assert (again.sent, again.skipped) == (2500, {})  # force: a campaign sends again
+
+
 def _cli(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "workers", *args]
     return subprocess.run(command, env=stack.env(), capture_output=True, text=True, timeout=60)

@@ -8,6 +8,7 @@ backs off between its tries long enough for a restarting broker."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -25,6 +26,7 @@ from tests.support.ledgers import charge
 from tests.support.proxy import ReplyLosingProxy, reply_losing_proxy
 from workers.broker.fanout import enqueue_many, send_many
 from workers.dev.redis_server import RedisServer
+from workers.producer import finish_confirm, start_confirm
 
 TIMEOUT_S = 0.3
 QUEUE = "fan"
@@ -212,3 +214,54 @@ def test_a_started_submit_batch_answers_each_call_in_order(redis_server: RedisSe
     answers = started.answers()
     assert [a.key for a in answers] == [e.key for e in effects]
     assert [a.status for a in answers] == [SubmitStatus.PENDING, SubmitStatus.ENQUEUE] * 3
+
+
+def test_a_started_confirm_batch_leaves_the_thread_s_connection_to_its_next_calls(
+    redis_server: RedisServer,
+) -> None:
+    # A campaign confirms batch i while it submits batch i+2: on a connection of its own.
+    ledger = Ledger.from_url(redis_server.url, namespace=f"pb{uuid.uuid4().hex[:8]}")
+    sent, later = [charge() for _ in range(40)], [charge() for _ in range(40)]
+    ledger.submit_many([(e, f"m-{i}") for i, e in enumerate(sent)], pending_s=60)
+    confirming = ledger.start_confirm([(e, f"m-{i}") for i, e in enumerate(sent)], 600)
+    answers = ledger.submit_many([(e, f"n-{i}") for i, e in enumerate(later)], pending_s=60)
+    assert [a.status for a in answers] == [SubmitStatus.ENQUEUE] * 40
+    assert [a.key for a in answers] == [e.key for e in later]  # their own replies, in order
+    confirming.wait()
+    pool = ledger.client.connection_pool
+    assert not pool._in_use_connections  # type: ignore[attr-defined]
+    again = ledger.submit_many([(e, f"o-{i}") for i, e in enumerate(sent)], pending_s=60)
+    assert [a.status for a in again] == [SubmitStatus.PENDING] * 40  # every one confirmed
+
+
+def test_a_confirm_batch_whose_replies_were_lost_is_logged_and_its_connection_closed(
+    proxy: ReplyLosingProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"{proxy.url}?socket_timeout={TIMEOUT_S}"
+    ledger = Ledger.from_url(url, namespace=f"pb{uuid.uuid4().hex[:8]}")
+    effects = [charge() for _ in range(20)]
+    pairs = [(e, f"m-{i}") for i, e in enumerate(effects)]
+    ledger.submit_many(pairs, pending_s=60)
+    proxy.lose_replies(on_new_connections=False)  # the pool's connection is one of them
+    confirming = start_confirm(ledger, pairs, 600)  # the producer's: never raises
+    with caplog.at_level(logging.WARNING, logger="workers.producer"):
+        finish_confirm(confirming, len(pairs))
+    assert "pending markers of 20 enqueued messages not confirmed" in caplog.text
+    pool = ledger.client.connection_pool
+    assert not pool._in_use_connections  # type: ignore[attr-defined]
+    proxy.hear_replies()
+    assert ledger._script.commands([["ECHO", "next"]]) == ["next"]  # no late reply read
+    # The confirms ran (only their replies were lost): the markers answer "pending".
+    again = ledger.submit_many([(e, f"n-{i}") for i, e in enumerate(effects)], pending_s=60)
+    assert {a.status for a in again} == {SubmitStatus.PENDING}
+
+
+def test_an_abandoned_confirm_batch_closes_its_connection(redis_server: RedisServer) -> None:
+    ledger = Ledger.from_url(redis_server.url, namespace=f"pb{uuid.uuid4().hex[:8]}")
+    effects = [charge() for _ in range(30)]
+    ledger.submit_many([(e, f"m-{i}") for i, e in enumerate(effects)], pending_s=60)
+    confirming = ledger.start_confirm([(e, f"m-{i}") for i, e in enumerate(effects)], 600)
+    confirming.abandon()  # the fan-out failed before it read them
+    pool = ledger.client.connection_pool
+    assert not pool._in_use_connections  # type: ignore[attr-defined]
+    assert all(c._sock is None for c in pool._available_connections)  # type: ignore[attr-defined]
