@@ -13,6 +13,10 @@ Endpoints::
     GET  /v1/effects/{key}      200 latest visible receipt | 404 | 409 stale token
                                 501 lookup disabled
     GET  /v1/stats              {"executions": {key: count}, "total": n}
+    GET  /v1/executions         ?after=SEQ&limit=N: the execution log, oldest first, paged
+                                {"executions": [...], "next_after": SEQ | null, "total": n}
+    POST /v1/admin/fail-next    {"key": K, "count": N}: the next N POSTs under the
+                                idempotency key K answer 503 (nothing executed)
     GET|POST /v1/admin/config   read / change the fault switches (any subset of fields)
     POST /v1/admin/reset        forget all effects, counts and tokens
 
@@ -25,6 +29,11 @@ app raises instead (that server answers 500 or closes). ``latency_ms`` delays ev
 ``/v1/effects`` request, ``lookup_lag_s`` hides new effects from lookups for that long,
 ``lookup_enabled=False`` answers 501 to lookups, ``provider_idempotency=False`` executes
 every POST again, and ``seed`` makes the fault schedule replayable (reset re-seeds).
+
+The execution log is the ground truth with values: one entry per real execution, in order
+(``seq`` from 1), carrying the idempotency key, the ``Effect-Key`` header when the caller
+sent one, the fencing token, the request body, the receipt id and the provider's time. A
+system-level checker reads it to tell which generation ran with which values.
 
 With a state file every execution is appended as one JSON line (the receipt) and fsynced
 before it is acknowledged, and reloaded at start, so a SIGKILLed sandbox keeps its ground
@@ -124,6 +133,18 @@ class Receipt(TypedDict):
     created_at: float
 
 
+class Execution(TypedDict):
+    """One entry of the execution log (``GET /v1/executions``)."""
+
+    seq: int
+    id: str
+    idempotency_key: str
+    effect_key: str | None
+    token: int | None
+    body: dict[str, Any]
+    created_at: float
+
+
 class _Reject(Exception):
     """Ends a request with a JSON error; raised from anywhere in a handler."""
 
@@ -144,6 +165,10 @@ class _Sandbox:
         self.receipts: dict[str, list[Receipt]] = {}
         self.executions: dict[str, int] = {}
         self.highest: dict[str, int] = {}
+        self.log: list[Execution] = []
+        # Injected 503s per idempotency key (``/v1/admin/fail-next``): not persisted, as the
+        # other fault switches are not.
+        self.fail_next: dict[str, int] = {}
         if state_file is not None and state_file.exists():
             self._reload(state_file)
 
@@ -157,10 +182,22 @@ class _Sandbox:
                 key, token = entry["fence"], entry["token"]
                 self.highest[key] = max(self.highest.get(key, token), token)
             else:
-                self._record(entry)
+                effect_key = entry.pop("effect_key", None)
+                self._record(entry, effect_key)
 
-    def _record(self, receipt: Receipt) -> None:
+    def _record(self, receipt: Receipt, effect_key: str | None) -> None:
         key = receipt["key"]
+        self.log.append(
+            {
+                "seq": len(self.log) + 1,
+                "id": receipt["id"],
+                "idempotency_key": key,
+                "effect_key": effect_key,
+                "token": receipt["token"],
+                "body": receipt["body"],
+                "created_at": receipt["created_at"],
+            }
+        )
         self.receipts.setdefault(key, []).append(receipt)
         self.executions[key] = self.executions.get(key, 0) + 1
         if receipt["token"] is not None:
@@ -195,10 +232,16 @@ class _Sandbox:
         await self._delay()
         key = _idempotency_key(request.headers.get("idempotency-key"))
         token = _fencing_token(request.headers.get("fencing-token"))
+        effect_key = request.headers.get("effect-key")
+        if effect_key is not None:
+            effect_key = _idempotency_key(effect_key)
         body = await _json_object(request)
         if self._roll(self.config.fail_rate):
             raise _Reject(503, "injected failure")
         async with self.lock:
+            if self.fail_next.get(key, 0) > 0:
+                self.fail_next[key] -= 1
+                raise _Reject(503, "injected failure")
             raised = self._fence(key, token)
             stored = self.receipts.get(key)
             if stored and self.config.provider_idempotency:
@@ -213,9 +256,11 @@ class _Sandbox:
                 "created_at": time.time(),
             }
             if self.state_file is not None:
-                # Off the event loop: fsync must not stall concurrent lookups.
-                await asyncio.to_thread(self._persist, receipt)
-            self._record(receipt)
+                # Off the event loop: fsync must not stall concurrent lookups. The effect key
+                # rides on the line only (a receipt is what the caller sent back).
+                line = {**receipt, "effect_key": effect_key} if effect_key else receipt
+                await asyncio.to_thread(self._persist, line)
+            self._record(receipt, effect_key)
             drop = self._roll(self.config.drop_ack_rate)
         headers = {_DROP_HEADER.decode(): "1"} if drop else None
         return JSONResponse(receipt, status_code=201, headers=headers)
@@ -240,6 +285,27 @@ class _Sandbox:
             counts = dict(self.executions)
         return JSONResponse({"executions": counts, "total": sum(counts.values())})
 
+    async def execution_log(self, request: Request) -> JSONResponse:
+        after = _bounded_int(request.query_params.get("after", "0"), "after", 0, 10**12)
+        limit = _bounded_int(request.query_params.get("limit", "1000"), "limit", 1, 10_000)
+        async with self.lock:
+            page = self.log[after : after + limit]  # seq n sits at index n - 1
+            total = len(self.log)
+        following = page[-1]["seq"] if page and page[-1]["seq"] < total else None
+        return JSONResponse({"executions": page, "next_after": following, "total": total})
+
+    async def set_fail_next(self, request: Request) -> JSONResponse:
+        payload = await _json_object(request)
+        key = payload.get("key")
+        count = payload.get("count", 1)
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise _Reject(400, "key must be an idempotency key")
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 10**6:
+            raise _Reject(400, "count must be an integer between 0 and 1000000")
+        async with self.lock:
+            self.fail_next[key] = count
+        return JSONResponse({"key": key, "count": count})
+
     async def get_config(self, request: Request) -> JSONResponse:
         return JSONResponse(asdict(self.config))
 
@@ -260,6 +326,8 @@ class _Sandbox:
             self.receipts.clear()
             self.executions.clear()
             self.highest.clear()
+            self.log.clear()
+            self.fail_next.clear()
             self.rng.seed(self.config.seed)
             if self.state_file is not None:
                 self.state_file.write_bytes(b"")
@@ -270,6 +338,12 @@ def _idempotency_key(raw: str | None) -> str:
     if raw is None or not _KEY_RE.fullmatch(raw):
         raise _Reject(400, "Idempotency-Key must be 1..200 characters of [A-Za-z0-9._:-]")
     return raw
+
+
+def _bounded_int(raw: str, name: str, low: int, high: int) -> int:
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise _Reject(400, f"{name} must be an integer between {low} and {high}")
+    return int(raw)
 
 
 def _fencing_token(raw: str | None) -> int | None:
@@ -364,6 +438,8 @@ def create_app(config: SandboxConfig, state_file: Path | None = None) -> Starlet
         Route("/v1/effects", sandbox.post_effect, methods=["POST"]),
         Route("/v1/effects/{key}", sandbox.get_effect, methods=["GET"]),
         Route("/v1/stats", sandbox.stats, methods=["GET"]),
+        Route("/v1/executions", sandbox.execution_log, methods=["GET"]),
+        Route("/v1/admin/fail-next", sandbox.set_fail_next, methods=["POST"]),
         Route("/v1/admin/config", sandbox.get_config, methods=["GET"]),
         Route("/v1/admin/config", sandbox.set_config, methods=["POST"]),
         Route("/v1/admin/reset", sandbox.reset, methods=["POST"]),
@@ -480,6 +556,20 @@ class SandboxProcess:
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/v1/stats")
         return result
+
+    def executions(self) -> list[dict[str, Any]]:
+        """The whole execution log, page by page (oldest first)."""
+        entries: list[dict[str, Any]] = []
+        after: int | None = 0
+        while after is not None:
+            page: dict[str, Any] = self._call("GET", f"/v1/executions?after={after}&limit=5000")
+            entries += page["executions"]
+            after = page["next_after"]
+        return entries
+
+    def fail_next(self, key: str, count: int = 1) -> None:
+        """The next ``count`` POSTs under idempotency key ``key`` answer 503."""
+        self._call("POST", "/v1/admin/fail-next", {"key": key, "count": count})
 
     def configure(self, **switches: object) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/v1/admin/config", switches)
