@@ -14,7 +14,16 @@ from typing import Any, Protocol, runtime_checkable
 from .errors import SpecError
 from .normalize import Normalizer, resolve_normalizer
 
-__all__ = ["Found", "Lookup", "LookupResult", "NotFound", "ToolSpec", "Unavailable"]
+__all__ = [
+    "EffectLookup",
+    "Found",
+    "Lookup",
+    "LookupContext",
+    "LookupResult",
+    "NotFound",
+    "ToolSpec",
+    "Unavailable",
+]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 DAY = 86400.0
@@ -51,6 +60,38 @@ class Lookup(Protocol):
     """Asks the provider what really happened to an effect (DESIGN §4)."""
 
     def lookup(self, idempotency_key: str, token: int | None = None) -> LookupResult: ...
+
+
+@dataclass(frozen=True)
+class LookupContext:
+    """The effect a lookup asks about, as the reconciler's takeover read it (DESIGN §4).
+
+    ``args`` are the arguments as submitted (identity, bound and free values), ``claimed_ms``
+    the ledger server's time of the claim and ``now_ms`` its time at the takeover: a lookup
+    whose method lags or forgets measures its window on them. ``late_receipts`` are the
+    receipts holders reported after losing their claim (evidence, such as a provider's
+    object id, recorded so far).
+    """
+
+    key: str
+    idempotency_key: str
+    token: int | None
+    tool: str
+    generation: int
+    claimed_ms: int
+    now_ms: int
+    scope: str | None = None
+    action: str | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+    late_receipts: tuple[Any, ...] = ()
+
+
+@runtime_checkable
+class EffectLookup(Lookup, Protocol):
+    """A lookup that reads the whole effect, not only its key: the reconciler calls
+    ``lookup_effect`` when a tool's lookup has it, ``lookup`` otherwise."""
+
+    def lookup_effect(self, effect: LookupContext) -> LookupResult: ...
 
 
 @dataclass(frozen=True)

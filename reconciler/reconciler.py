@@ -49,7 +49,7 @@ from dedupe import (
     Unavailable,
 )
 from dedupe.failpoints import failpoint
-from dedupe.spec import DEFAULT_RETENTION_S
+from dedupe.spec import DEFAULT_RETENTION_S, EffectLookup, Lookup, LookupContext
 
 __all__ = ["Decision", "Observer", "Reconciler", "Tracer", "decide"]
 
@@ -144,6 +144,30 @@ def decide(
     return Decision("failed", "reconciled: not found after the settle window")
 
 
+def _ask(lookup: Lookup, takeover: Takeover) -> LookupResult:
+    """A lookup that reads the whole effect gets it (a provider adapter scans by recipient
+    and time, or by an object id recorded so far); a key-only lookup gets the key."""
+    if not isinstance(lookup, EffectLookup):
+        return lookup.lookup(takeover.idempotency_key, takeover.token)
+    request = takeover.request or {}
+    args = request.get("args")
+    return lookup.lookup_effect(
+        LookupContext(
+            key=takeover.key,
+            idempotency_key=takeover.idempotency_key,
+            token=takeover.token,
+            tool=takeover.tool,
+            generation=takeover.generation,
+            claimed_ms=takeover.claimed_ms,
+            now_ms=takeover.now_ms,
+            scope=request.get("scope"),
+            action=request.get("action"),
+            args=args if isinstance(args, dict) else {},
+            late_receipts=tuple(takeover.late_receipts),
+        )
+    )
+
+
 class Reconciler:
     """Resolves expired claims of the tools in ``specs`` (name → ToolSpec)."""
 
@@ -194,7 +218,7 @@ class Reconciler:
             failpoint("before_lookup")
             try:
                 with self.tracer.span("lookup", tool=takeover.tool, key=key, token=takeover.token):
-                    result = spec.lookup.lookup(takeover.idempotency_key, takeover.token)
+                    result = _ask(spec.lookup, takeover)
             except Exception as exc:
                 # A tool's own lookup code is outside effectq: a bug there is an unanswered
                 # question (retried within the budget, then UNKNOWN), never a dead reconciler.
