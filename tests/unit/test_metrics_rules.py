@@ -153,3 +153,91 @@ def test_dashboard_opens_with_a_health_row() -> None:
         assert needle in exprs[title], title
     # Every other panel sits below the row.
     assert all(p["gridPos"]["y"] > 1 for p in rest if p not in row)
+
+
+# -- the rule tests start from what the code exports -------------------------------------
+
+_PROCESS_LOCAL = re.compile(
+    r"series: (effectq_(?:claims|effects|fenced_writes|dead_letters|reconciler_resolutions"
+    r"|worker_restarts)_total)\{.*\n\s*values: '?(\S+)"
+)
+
+
+def _exported(name: str, labels: dict[str, str]) -> str:
+    """A sample as a promtool value: '_' when this process exports no such series."""
+    value = metrics.REGISTRY.get_sample_value(name, labels)
+    return "_" if value is None else f"{value:g}"
+
+
+def test_the_first_dead_letter_of_a_tool_and_reason_pages(tmp_path: Path) -> None:
+    """promtool's input is what a pod exports: the series as declaring a tool leaves it,
+    then after that pod's first dead letter. A series born at 1 has no increase to alert on."""
+    promtool = need("promtool")
+    tool, labels = "first_dead_letter", {"tool": "first_dead_letter", "reason": "conflict"}
+    metrics.for_tool(tool)  # what declaring the tool does in every process
+    before = _exported("effectq_dead_letters_total", labels)
+    metrics.dead_letter(tool, "conflict")
+    after = _exported("effectq_dead_letters_total", labels)
+    target = 'namespace="prod",instance="worker-a:9191",job="effectq-workers"'
+    alert = {"severity": "warning", "namespace": "prod", **labels}
+    description = (
+        f"1 {tool} messages went to the dead-letter queue for conflict in the last 10m. None of "
+        "them will run again by itself; retries_exhausted is an effect that never ran."
+    )
+    tests = {
+        "rule_files": [str(PROMETHEUS / "rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f'effectq_dead_letters_total{{tool="{tool}",'
+                        f'reason="conflict",{target}}}',
+                        "values": f"{before}x4 {after}x10",
+                    }
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "6m",
+                        "alertname": "EffectqDeadLetters",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": alert,
+                                "exp_annotations": {
+                                    "summary": f"{tool} messages dead-lettered (conflict)",
+                                    "description": description,
+                                    "runbook_url": "docs/runbooks/EffectqDeadLetters.md",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "first_test.yml").write_text(json.dumps(tests))
+    done = subprocess.run(
+        [promtool, "test", "rules", "first_test.yml"], cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, f"exported {before} then {after}: " + done.stdout + done.stderr
+
+
+def test_every_bounded_label_set_of_a_declared_tool_is_exported_at_zero() -> None:
+    tool = "zero_born"
+    metrics.for_tool(tool)
+    for reason in metrics.DEAD_LETTER_REASONS:
+        assert _exported("effectq_dead_letters_total", {"tool": tool, "reason": reason}) == "0"
+    for resolution in metrics.LABEL_VALUES["resolution"]:
+        labels = {"tool": tool, "resolution": resolution}
+        assert _exported("effectq_reconciler_resolutions_total", labels) == "0"
+
+
+def test_the_rule_tests_start_process_local_counters_at_zero() -> None:
+    """Every process-local counter is pre-initialised (a pod exports it at 0 from its
+    start): a rule test whose series starts anywhere else tests what never happens."""
+    starts = _PROCESS_LOCAL.findall((PROMETHEUS / "rules_test.yml").read_text())
+    assert starts
+    for name, values in starts:
+        assert re.match(r"0(\D|$)", values), f"{name} starts at {values}"

@@ -196,7 +196,8 @@ def configure(*, enabled: bool) -> None:
 
 
 def for_tool(name: str) -> ToolMetrics:
-    """The bound counters of tool ``name`` (no-ops when metrics are disabled)."""
+    """The bound counters of tool ``name`` (no-ops when metrics are disabled), every bounded
+    label set of its counters exported at 0 from then on."""
     with _lock:
         found = _tools.get(name)
         if found is None:
@@ -207,6 +208,12 @@ def for_tool(name: str) -> ToolMetrics:
                     duration=EFFECT_SECONDS.labels(name),
                     fenced={op: FENCED.labels(name, op) for op in FENCED_OPS},
                 )
+                # Born at 0, not at 1: increase() over a series that appears with the first
+                # event sees none, and the first dead letter of a pod would never alert.
+                for reason in DEAD_LETTER_REASONS:
+                    DEAD_LETTERS.labels(name, reason)
+                for resolution in RESOLUTIONS.values():
+                    RESOLVED.labels(name, resolution)
             else:
                 found = ToolMetrics(
                     claims=dict.fromkeys(CLAIM_OUTCOMES, _NOOP),

@@ -189,6 +189,23 @@ groups:
           runbook_url: {{ printf "%s/EffectqDeadLetters.md" $rule.runbookBaseUrl | quote }}
       {{- end }}{{ end }}
 
+      {{- with $alerts.EffectqDeadLetterQueue }}{{ if .enabled }}
+      - alert: EffectqDeadLetterQueue
+        # The broker's count, not a counter's increase: it fires for a pod's first dead
+        # letter, for dead letters no pod counted (undecodable, an unknown tool) and after a
+        # restart, and it stays firing until someone requeues or purges them.
+        expr: |
+          max by (namespace, queue) (effectq_queue_messages{state="dead"}) > {{ .threshold }}
+        labels:
+          severity: {{ .severity }}
+        annotations:
+          summary: {{`"{{ $value | humanize }} messages wait in {{ $labels.queue }}'s dead-letter queue"`}}
+          description: >-
+            {{`Dead-lettered messages sit in {{ $labels.queue }}'s dead-letter queue`}}: none
+            runs again by itself. Read why (effectq deadletters), then requeue or purge them.
+          runbook_url: {{ printf "%s/EffectqDeadLetterQueue.md" $rule.runbookBaseUrl | quote }}
+      {{- end }}{{ end }}
+
       {{- with $alerts.EffectqWorkerRestarts }}{{ if .enabled }}
       - alert: EffectqWorkerRestarts
         expr: |
