@@ -70,7 +70,10 @@ class Observer(Protocol):
         """After a pass: the expired claims it left alone, per tool it does not declare."""
 
     def pass_finished(self) -> None:
-        """A pass over its buckets finished (a liveness signal)."""
+        """A pass over its buckets finished (the stalled alert's signal)."""
+
+    def pass_attempted(self) -> None:
+        """The loop turned: a pass finished or failed (the liveness signal)."""
 
 
 class _Silent:
@@ -81,6 +84,9 @@ class _Silent:
         return None
 
     def pass_finished(self) -> None:
+        return None
+
+    def pass_attempted(self) -> None:
         return None
 
 
@@ -308,6 +314,7 @@ class Reconciler:
                 self.run_once(self.owned_buckets(members))
             except EffectqError as exc:
                 log.warning("reconciler pass failed: %s", exc)
+            self.observer.pass_attempted()
             stop.wait(interval_s)
         with contextlib.suppress(EffectqError):
             self.ledger.leave(self.group, self.holder)

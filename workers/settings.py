@@ -41,9 +41,9 @@ class Settings(BaseSettings):
     # not restarted, when a child sent no heartbeat for `health_stall_s` (its consumer
     # stopped, or every worker thread has been inside one message that long: keep it above
     # the longest tool call), or after more than `health_max_restarts` restarts within
-    # `health_restart_window_s`. A reconciler's fails when no pass finished within
-    # `reconciler_stall_intervals` times its --interval, and never sooner than
-    # `health_stall_s` (a pass takes as long as its lookups).
+    # `health_restart_window_s`. A reconciler's fails when its loop did not turn (no pass
+    # finished or failed) within `reconciler_stall_intervals` times its --interval, and
+    # never sooner than `health_stall_s` (a pass takes as long as its lookups).
     health_stall_s: float = Field(default=60.0, gt=0)
     health_max_restarts: int = Field(default=5, ge=0)
     health_restart_window_s: float = Field(default=300.0, gt=0)

@@ -243,8 +243,9 @@ def reconciler(
 
 
 def reconciler_liveness(observer: ReconcilerMetrics, limit_s: float) -> Callable[[], Check]:
-    """/healthz of a reconciler: a pass finished within ``limit_s`` (the first one is due
-    that long after the start)."""
+    """/healthz of a reconciler: its loop turned (a pass finished or failed) within
+    ``limit_s`` (the first turn is due that long after the start). Whether passes finish is
+    the ledger's business: /readyz and EffectqReconcilerStalled."""
     import time
 
     from ..metrics.server import Check
@@ -252,11 +253,13 @@ def reconciler_liveness(observer: ReconcilerMetrics, limit_s: float) -> Callable
     started = time.monotonic()
 
     def check() -> Check:
-        since = observer.last_pass if observer.last_pass is not None else started
+        since = observer.last_turn if observer.last_turn is not None else started
         age = time.monotonic() - since
         if age <= limit_s:
             return Check(True)
-        return Check(False, (f"no reconciler pass finished for {age:.0f}s (limit {limit_s:g}s)",))
+        return Check(
+            False, (f"the reconciler's loop has not turned for {age:.0f}s (limit {limit_s:g}s)",)
+        )
 
     return check
 

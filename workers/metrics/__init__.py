@@ -255,9 +255,12 @@ class ReconcilerMetrics:
 
     def __init__(self) -> None:
         self._unowned_tools: set[str] = set()
-        #: When the last pass finished (time.monotonic()), for the liveness probe: kept
-        #: whether or not metrics are enabled.
+        #: When the last pass finished (time.monotonic()): kept whether or not metrics are
+        #: enabled (its gauge is EffectqReconcilerStalled's).
         self.last_pass: float | None = None
+        #: When the loop last turned, the pass finished or failed (time.monotonic()): the
+        #: liveness probe's. A ledger outage fails every pass; a restart would not help.
+        self.last_turn: float | None = None
 
     def resolved(self, tool: str, action: str, fenced: bool) -> None:
         if not _enabled:
@@ -279,6 +282,9 @@ class ReconcilerMetrics:
         self.last_pass = time.monotonic()
         if _enabled:
             LAST_PASS.set_to_current_time()
+
+    def pass_attempted(self) -> None:
+        self.last_turn = time.monotonic()
 
 
 class WorkerRestarts:
