@@ -2,13 +2,26 @@
 (``dramatiq workers.entry``): this process's runtime, built from the environment and
 installed as Dramatiq's broker, its logging and tracing set up, the liveness heartbeat its
 supervisor asked for added (``workers.heartbeat``), and the tools of ``EFFECTQ_TOOLS`` bound
-to it. Importing it has these effects on purpose: that is Dramatiq's CLI contract."""
+to it; first of all, the process set to die with the Dramatiq main process that forked it
+(``workers.lifeline``). Importing it has these effects on purpose: that is Dramatiq's CLI
+contract."""
 
 from __future__ import annotations
 
-from . import heartbeat, logs, registry, tracing
+import multiprocessing
+import sys
+
+from . import heartbeat, lifeline, logs, registry, tracing
 from .runtime import Runtime, install
 from .settings import Settings
+
+# Dramatiq imports this module in each worker process it forks, before it consumes. A main
+# process SIGKILLed from here on sends its worker processes SIGTERM (they drain); one already
+# dead leaves this one nothing to serve. Imported elsewhere (no parent process), nothing to do.
+_parent = multiprocessing.parent_process()
+if _parent is not None and _parent.pid is not None and not lifeline.die_with_parent(_parent.pid):
+    sys.stderr.write("effectq: the Dramatiq main process died before this worker booted\n")
+    sys.exit(0)
 
 _settings = Settings()
 logs.setup(_settings)

@@ -6,12 +6,20 @@ bounded backoff), and SIGTERM/SIGINT are passed through for a graceful drain: Dr
 finishes the messages it is running (up to ``--worker-shutdown-timeout``) and never acks
 an unfinished one.
 
-A signal to the whole group (``kill -TERM -PGID``, a terminal's Ctrl-C) or cgroup
-(systemd's ``KillMode=control-group``) reaches every process, so a worker process gets the
-shutdown two or three times; it counts only the first (``workers.broker.middleware``), and the
-drain goes on. The children stay in the supervisor's process group: a SIGKILL to the group
-(an impatient operator, a test harness) still takes the whole pool, and systemd signals the
-whole cgroup whatever the groups, so a session of their own would not spare them anyway.
+Children die with their parent (``workers.lifeline``): each Dramatiq main process gets
+SIGTERM when this supervisor dies, each worker process when its main process dies, so none
+goes on consuming unsupervised beside a replacement; they drain like on any shutdown. Each
+child runs in a process group of its own (its pgid is its pid), which still holds its worker
+processes once they are re-parented: when a child exits, the processes left in its group are
+strays — logged with their pids, counted (``effectq_worker_strays_total``), sent SIGTERM
+(where the parent-death signal was not armed, e.g. off Linux) and watched until they are
+gone. A SIGKILL to the supervisor's own group (an impatient operator, a test harness) so
+takes the supervisor alone; the pool then drains.
+
+A signal to the supervisor's group (``kill -TERM -PGID``, a terminal's Ctrl-C) reaches the
+supervisor, which passes it to each child's group; systemd's ``KillMode=control-group``
+signals every process of the cgroup. Either way a worker process gets the shutdown two or
+three times; it counts only the first (``workers.broker.middleware``), and the drain goes on.
 A worker process that cannot reach its ledger at boot exits before consuming, and is
 restarted here with the same backoff.
 
@@ -31,6 +39,7 @@ than ``EFFECTQ_HEALTH_MAX_RESTARTS`` restarts within ``EFFECTQ_HEALTH_RESTART_WI
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -44,12 +53,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import heartbeat
+from prometheus_client.core import CounterMetricFamily
+
+from . import heartbeat, lifeline
 from .metrics import WorkerRestarts
 from .metrics import server as metrics
 from .settings import Settings, ledger_from_settings
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
     from dedupe import Ledger
 
 __all__ = ["ENTRY", "Supervisor"]
@@ -66,6 +79,7 @@ class _Child:
     restarts: int = 0
     # Wall clock, as the heartbeat file's mtime is: its first heartbeat is due from here.
     spawned_at: float = field(default_factory=time.time)
+    exited: bool = False  # its exit seen (and its group looked at for strays)
 
     def heartbeat_age(self, now: float) -> tuple[bool, float]:
         """(whether it has sent one, seconds since the last one or since the spawn)."""
@@ -77,6 +91,44 @@ class _Child:
 
 #: What each child imports: its runtime from the environment, with EFFECTQ_TOOLS bound.
 ENTRY = "workers.entry"
+
+_PROC = Path("/proc")
+
+
+def group_members(pgid: int) -> set[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from /proc; empty
+    where there is none (macOS: strays there are signalled, not counted)."""
+    members: set[int] = set()
+    if not _PROC.is_dir():
+        return members
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        state, _ppid, pgrp = stat.rpartition(")")[2].split()[:3]
+        if state != "Z" and int(pgrp) == pgid:
+            members.add(int(entry.name))
+    return members
+
+
+class _Counts:
+    """The supervisor's own series: its restarts and ``effectq_worker_strays_total``."""
+
+    def __init__(self, restarts: WorkerRestarts) -> None:
+        self.restarts = restarts
+        self.strays = 0
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.restarts.collect()
+        yield CounterMetricFamily(
+            "effectq_worker_strays",
+            "Processes left running in a dead child's process group (re-parented away).",
+            value=self.strays,
+        )
 
 
 class Supervisor:
@@ -109,12 +161,16 @@ class Supervisor:
         self._env: dict[str, str] = dict(os.environ)
         self._dir: Path | None = None  # the pool's metrics directory, once run() made it
         self.restarts = WorkerRestarts()
+        self._counts = _Counts(self.restarts)
+        self._strays: dict[int, set[int]] = {}  # a dead child's pgid: its processes left
+        self._strays_checked = 0.0
         self._recent: deque[float] = deque()  # when each restart happened (monotonic)
         self._recent_lock = threading.Lock()  # the probes read it from their threads
         self._ledger: Ledger | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "dramatiq", ENTRY, "-p", "1", "-t", str(self.threads)]
+        # Dramatiq's CLI, armed to die with this supervisor (workers.lifeline).
+        cmd = [sys.executable, "-m", "workers.lifeline", ENTRY, "-p", "1", "-t", str(self.threads)]
         cmd += ["--worker-shutdown-timeout", str(self.shutdown_timeout_ms)]
         # No fork processes to hold back: Dramatiq's wait for the boot (30 s by default) would
         # leave a worker process that died while booting unseen, and its restart late.
@@ -127,8 +183,10 @@ class Supervisor:
         assert self._dir is not None, "children are spawned by run()"
         beat = self._dir / f"heartbeat-{slot}"
         beat.unlink(missing_ok=True)  # a predecessor's heartbeat is not this child's
-        env = {**self._env, heartbeat.ENV: str(beat)}
-        proc = subprocess.Popen(self.command(), env=env)
+        env = {**self._env, heartbeat.ENV: str(beat), lifeline.SUPERVISOR_PID_ENV: str(os.getpid())}
+        # A group of its own: it outlives a child's death for as long as any of its processes
+        # does, so what a dead child left behind is found and signalled by that pgid.
+        proc = subprocess.Popen(self.command(), env=env, process_group=0)
         self._children[slot] = _Child(slot, proc, beat, restarts=restarts)
         log.info("worker %d started (pid %d)", slot, proc.pid)
 
@@ -191,9 +249,40 @@ class Supervisor:
 
     def _signal_all(self, signum: int, _frame: object = None) -> None:
         self._stopping = True
-        for child in self._children.values():
-            if child.proc.poll() is None:
-                child.proc.send_signal(signum)
+        groups = {c.proc.pid for c in self._children.values() if c.proc.poll() is None}
+        for pgid in groups | self._strays.keys():
+            # The whole group: a worker process whose parent-death signal is not armed too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signum)
+
+    def _look_for_strays(self, child: _Child) -> None:
+        """After ``child`` exited: what is left in its group drains (SIGTERM) and is counted."""
+        pgid = child.proc.pid
+        left = group_members(pgid)
+        if left or not _PROC.is_dir():
+            # Members hold the pgid: it cannot have passed to another process meanwhile.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+        if not left:
+            return
+        self._strays[pgid] = left
+        self._counts.strays += len(left)
+        log.warning(
+            "worker %d (pid %d) left %d stray process%s in its group (pids %s): sent SIGTERM, "
+            "they drain", child.slot, pgid, len(left), "es" if len(left) > 1 else "",
+            ", ".join(map(str, sorted(left))),
+        )  # fmt: skip
+
+    def _watch_strays(self) -> None:
+        # Once a second: each look reads /proc.
+        if not self._strays or time.monotonic() - self._strays_checked < 1.0:
+            return
+        self._strays_checked = time.monotonic()
+        for pgid, pids in list(self._strays.items()):
+            if not group_members(pgid):
+                del self._strays[pgid]
+                log.info("stray processes of group %d gone (pids %s)", pgid,
+                         ", ".join(map(str, sorted(pids))))  # fmt: skip
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._signal_all)
@@ -208,7 +297,7 @@ class Supervisor:
             multiprocess_dir=str(directory),
             broker_url=self.settings.broker_url,
             queues=self.queues or [self.settings.queue],
-            extra=self.restarts,
+            extra=self._counts,
             health=self.health,
             ready=self.ready,
         )
@@ -231,6 +320,9 @@ class Supervisor:
                     alive += 1
                     continue
                 metrics.reap(metrics_dir)
+                if not child.exited:
+                    child.exited = True
+                    self._look_for_strays(child)
                 if self._stopping:
                     continue
                 # Quick repeated deaths (a bad import, no broker) back off up to 30 s.
@@ -246,6 +338,8 @@ class Supervisor:
                     self._spawn(child.slot, restarts)
                     self._restarted()
                     alive += 1
-            if self._stopping and alive == 0:
+            self._watch_strays()
+            # Strays drain like the rest of the pool: the supervisor outlives them.
+            if self._stopping and alive == 0 and not self._strays:
                 return 0
             time.sleep(0.2)
