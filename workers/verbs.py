@@ -251,19 +251,21 @@ def campaign_status(
     return status(campaign_id, cursor=cursor, page_size=page_size, ledger=ops.ledger)
 
 
-# A job not updated for this long was lost with its process (it writes at every batch).
-_JOB_LOST_MS = 60_000
+#: A job not stamped for this long by the ledger's clock was lost with its process (the
+#: process holding it stamps it every ``workers.api.jobs.JOB_BEAT_S``, queued or running).
+JOB_LOST_MS = 60_000
 _JOB_INTS = ("recipients", "planned", "sent", "updated_ms")
 
 
-def campaign_job(ops: Operator, campaign_id: str, job_id: str) -> dict[str, Any]:
-    """A campaign job (``GET /v1/campaigns/{id}/jobs/{job}``): its state (accepted, planning,
+def campaign_job(
+    ops: Operator, campaign_id: str, job_id: str, *, lost_after_ms: int = JOB_LOST_MS
+) -> dict[str, Any]:
+    """A campaign job (``GET /v1/campaigns/{id}/jobs/{job}``): its state (queued, planning,
     sending, done, failed, lost), progress, the report or the error, and once its plan is
     approved the campaign's own status (counts, never-sent diff, a first page of
     recipients). MessageError when there is no such job."""
     import contextlib
     import json
-    import time
 
     from dedupe import CampaignStore
     from dedupe.campaigns import normalize_campaign_id
@@ -274,9 +276,13 @@ def campaign_job(ops: Operator, campaign_id: str, job_id: str) -> dict[str, Any]
         raise MessageError(f"no job {job_id!r} of campaign {campaign_id!r}")
     document: dict[str, Any] = {"job_id": job_id, "campaign_id": campaign_id}
     document.update({k: int(found.get(k, 0)) for k in _JOB_INTS})
-    state = found["state"]
-    idle_ms = time.time() * 1000 - document["updated_ms"]
-    if state not in ("done", "failed") and idle_ms > _JOB_LOST_MS:
+    # "accepted": a queued job as the previous release wrote it.
+    state = "queued" if found["state"] == "accepted" else found["state"]
+    # Both ends on the ledger's clock: stamped by the API host holding the job, read here
+    # (another host, whose clock may disagree). A record without beat_ms predates it.
+    beat_ms = max(document["updated_ms"], int(found.get("beat_ms", 0)))
+    idle_ms = ops.ledger.server_time_ms() - beat_ms
+    if state not in ("done", "failed") and idle_ms > lost_after_ms:
         state = "lost"
         document["error"] = {"error": "lost", "message": "the process running this job "
                              "stopped; submit the campaign again: only recipients not yet "

@@ -3,8 +3,12 @@ with the job's URL at once, and a thread of the API process (not the request's) 
 fans the campaign out, recording its phase and progress with the campaign in Redis, where
 any replica answers ``GET /v1/campaigns/{id}/jobs/{job}``.
 
-A job whose process died stops being updated; its status then says so (``lost``), and the
-campaign is submitted again: re-submission sends only what is not done (DESIGN §3).
+While the API process holds a job — queued behind others, or running — it stamps the job
+with the ledger's time every ``JOB_BEAT_S`` (a heartbeat); every time a job's record holds
+is the ledger's (Redis ``TIME``), so API hosts whose clocks disagree judge it alike
+(``verbs.campaign_job``). A job whose process died stops beating; its status then says so
+(``lost``), and the campaign is submitted again: re-submission sends only what is not done
+(DESIGN §3). A job waiting for its turn is ``queued``, however long it waits.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,36 +29,83 @@ from ..registry import get_tool
 from ..runtime import Runtime
 from .problems import problem_of
 
-__all__ = ["JOB_TTL_S", "CampaignJobs"]
+__all__ = ["JOB_BEAT_S", "JOB_TTL_S", "CampaignJobs"]
 
 log = logging.getLogger(__name__)
 
 # A job's record outlives its end by a day: long enough to be read, short of piling up.
 JOB_TTL_S = 86_400.0
+# How often a held job is stamped: well inside the silence that reads as lost
+# (verbs.JOB_LOST_MS, 60 s), a slow Redis round trip or two included.
+JOB_BEAT_S = 10.0
 
 
 class CampaignJobs:
     """The API process's campaign jobs: ``workers`` at a time, the rest queued in order."""
 
-    def __init__(self, rt: Runtime, workers: int = 1) -> None:
+    def __init__(self, rt: Runtime, workers: int = 1, *, beat_s: float = JOB_BEAT_S) -> None:
         self.rt = rt
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="effectq-campaign-job")
+        self.beat_s = beat_s
+        self._held: set[tuple[str, str]] = set()  # queued or running here
+        self._lock = threading.Lock()
+        self._beating = False
 
     def start(self, spec: CampaignFile) -> tuple[str, str]:
         """Queue ``spec``; (campaign id, job id). An unknown tool is refused here."""
         get_tool(spec.tool)
         campaign_id = normalize_campaign_id(spec.campaign_id)
         job_id = secrets.token_hex(8)
-        self._write(campaign_id, job_id, state="accepted", recipients=len(spec.recipients),
+        self._write(campaign_id, job_id, state="queued", recipients=len(spec.recipients),
                     planned=0, sent=0)  # fmt: skip
+        self._hold((campaign_id, job_id))
         self.pool.submit(self._run, campaign_id, job_id, spec)
         return campaign_id, job_id
 
     def _write(self, campaign_id: str, job_id: str, **fields: str | int) -> None:
-        fields["updated_ms"] = int(time.time() * 1000)
-        CampaignStore(self.rt.ledger()).write_job(campaign_id, job_id, fields, JOB_TTL_S)
+        ledger = self.rt.ledger()
+        # The ledger's clock, not this host's: another API host reads the age.
+        fields["updated_ms"] = fields["beat_ms"] = ledger.server_time_ms()
+        CampaignStore(ledger).write_job(campaign_id, job_id, fields, JOB_TTL_S)
+
+    # -- the heartbeat of the jobs held here ----------------------------------------------
+
+    def _hold(self, job: tuple[str, str]) -> None:
+        with self._lock:
+            self._held.add(job)
+            if self._beating:
+                return
+            self._beating = True
+        threading.Thread(target=self._beat, name="effectq-campaign-beat", daemon=True).start()
+
+    def _beat(self) -> None:
+        """Stamp every held job with the ledger's time, every ``beat_s``, while any is held."""
+        while True:
+            time.sleep(self.beat_s)
+            with self._lock:
+                held = sorted(self._held)
+                if not held:
+                    self._beating = False
+                    return
+            try:
+                ledger = self.rt.ledger()
+                now_ms = ledger.server_time_ms()
+                store = CampaignStore(ledger)
+                for campaign_id, job_id in held:
+                    store.write_job(campaign_id, job_id, {"beat_ms": now_ms}, JOB_TTL_S)
+            except Exception as exc:
+                # A ledger outage: the next beat tries again (the jobs read as lost meanwhile
+                # only if it lasts past the threshold).
+                log.warning("campaign job heartbeat failed: %s", type(exc).__name__)
 
     def _run(self, campaign_id: str, job_id: str, spec: CampaignFile) -> None:
+        try:
+            self._execute(campaign_id, job_id, spec)
+        finally:
+            with self._lock:
+                self._held.discard((campaign_id, job_id))
+
+    def _execute(self, campaign_id: str, job_id: str, spec: CampaignFile) -> None:
         done = {"planned": 0, "sent": 0}
 
         def advance(what: str, state: str) -> Callable[[int], None]:

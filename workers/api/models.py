@@ -185,13 +185,14 @@ class CampaignJob(BaseModel):
 
     job_id: str
     campaign_id: str
-    state: Literal["accepted", "planning", "sending", "done", "failed", "lost"] = Field(
-        description="lost: its process stopped (submit the campaign again)"
+    state: Literal["queued", "planning", "sending", "done", "failed", "lost"] = Field(
+        description="queued: waiting for its turn in its API process; lost: its process "
+        "stopped (no heartbeat for 60 s by the ledger's clock: submit the campaign again)"
     )
     recipients: int = Field(description="in the submitted list, before collapsing")
     planned: int = Field(description="recipients read into the plan so far")
     sent: int = Field(description="recipients fanned out so far")
-    updated_ms: int
+    updated_ms: int = Field(description="its last phase or progress change (ledger time, ms)")
     report: CampaignReport | None = Field(description="once done")
     error: JobError | None = None
     campaign: CampaignStatus | None = Field(description="once its plan is approved")
