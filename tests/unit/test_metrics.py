@@ -235,3 +235,21 @@ def test_reap_marks_dead_processes_and_keeps_their_counters(tmp_path: Path) -> N
     MultiProcessCollector(registry, path=str(tmp_path))
     assert registry.get_sample_value("effectq_t_total", {"tool": "charge"}) == 3.0
     assert server.reap(tmp_path) == []  # the live ones (none here) are left alone
+
+
+def test_claims_are_counted_by_the_queue_their_tool_is_consumed_from() -> None:
+    """EffectqWorkersIdle is keyed by queue: a dead pool's queue must show no claims even
+    while another pool's queue shows plenty. Every outcome is exported at 0 from binding."""
+    from workers.tool import effect_tool
+
+    def pay(target: str) -> dict[str, str]:
+        return {"id": target}
+
+    tool = effect_tool(identity=("target",), name="queued_probe", queue_name="payments")(pay)
+    assert tool.actor.queue_name == "payments"  # bound to this process's runtime
+    for outcome in metrics.CLAIM_OUTCOMES:
+        labels = {"tool": "queued_probe", "outcome": outcome, "queue": "payments"}
+        assert metrics.REGISTRY.get_sample_value("effectq_claims_total", labels) == 0.0, outcome
+    metrics.for_tool("queued_probe").claims["acquired"].inc()
+    labels = {"tool": "queued_probe", "outcome": "acquired", "queue": "payments"}
+    assert metrics.REGISTRY.get_sample_value("effectq_claims_total", labels) == 1.0

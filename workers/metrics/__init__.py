@@ -96,8 +96,9 @@ LEDGER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.
 
 CLAIMS = Counter(
     "effectq_claims_total",
-    "Claims taken on the worker path, by the ledger's answer.",
-    ["tool", "outcome"],
+    "Claims taken on the worker path, by the ledger's answer and the queue the message came "
+    "from (the tool's actor's queue).",
+    ["tool", "outcome", "queue"],
 )
 EFFECTS = Counter(
     "effectq_effects_total",
@@ -179,7 +180,7 @@ class ToolMetrics:
     fenced: dict[str, Any]
 
 
-_tools: dict[str, ToolMetrics] = {}
+_tools: dict[tuple[str, str | None], ToolMetrics] = {}
 _lock = threading.Lock()
 _enabled = True
 
@@ -195,15 +196,24 @@ def configure(*, enabled: bool) -> None:
             _ledger_seconds.clear()
 
 
-def for_tool(name: str) -> ToolMetrics:
+def for_tool(name: str, queue: str | None = None) -> ToolMetrics:
     """The bound counters of tool ``name`` (no-ops when metrics are disabled), every bounded
-    label set of its counters exported at 0 from then on."""
+    label set of its counters exported at 0 from then on.
+
+    ``queue`` labels its claims (EffectqWorkersIdle is keyed by queue); default: the queue
+    of the declared tool's actor. A tool not bound yet has no actor, so no queue and no
+    claim to count: its claims are no-ops until binding asks again."""
+    if queue is None:
+        queue = _actor_queue(name)
     with _lock:
-        found = _tools.get(name)
+        found = _tools.get((name, queue))
         if found is None:
             if _enabled:
                 found = ToolMetrics(
-                    claims={o: CLAIMS.labels(name, o) for o in CLAIM_OUTCOMES},
+                    claims={
+                        o: _NOOP if queue is None else CLAIMS.labels(name, o, queue)
+                        for o in CLAIM_OUTCOMES
+                    },
                     effects={o: EFFECTS.labels(name, o) for o in EFFECT_OUTCOMES},
                     duration=EFFECT_SECONDS.labels(name),
                     fenced={op: FENCED.labels(name, op) for op in FENCED_OPS},
@@ -221,8 +231,20 @@ def for_tool(name: str) -> ToolMetrics:
                     duration=_NOOP,
                     fenced=dict.fromkeys(FENCED_OPS, _NOOP),
                 )
-            _tools[name] = found
+            _tools[(name, queue)] = found
     return found
+
+
+def _actor_queue(name: str) -> str | None:
+    """The queue of the declared tool ``name``'s actor, once it is bound."""
+    from .. import registry
+
+    for tool in registry.tools():
+        if tool.name == name:
+            # Read, not ``tool.actor``: that would bind it, and binding asks for_tool.
+            actor = tool._actor
+            return actor.queue_name if actor is not None else None
+    return None
 
 
 _ledger_seconds: dict[str, Any] = {}

@@ -225,12 +225,13 @@ groups:
       {{- with $alerts.EffectqWorkersIdle }}{{ if .enabled }}
       - alert: EffectqWorkersIdle
         # The broker's ready messages (Redis: not yet acked; RabbitMQ: ready) while no worker
-        # of the namespace has taken a claim: no growth is needed, so it works on a queue
-        # that a dead pool stopped draining at any depth.
+        # has taken a claim from that queue: no growth is needed, so it works on a queue that
+        # a dead pool stopped draining at any depth, even beside a busy pool of the same
+        # namespace (claims are counted by the queue their message came from).
         expr: |
           (max by (namespace, queue) (effectq_queue_messages{state="queued"}) > {{ .threshold }})
-          unless on (namespace)
-          (sum by (namespace) (rate(effectq_claims_total[{{ .window }}])) > 0)
+          unless on (namespace, queue)
+          (sum by (namespace, queue) (rate(effectq_claims_total[{{ .window }}])) > 0)
         for: {{ .for }}
         labels:
           severity: {{ .severity }}
