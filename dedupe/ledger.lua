@@ -266,10 +266,14 @@ end
 -- claim(fingerprint (binary), tool, lease_ms, holder, request, campaign tag or '', generation)
 -- `generation` is the one the message was submitted for (submit's answer, carried by the
 -- envelope): only a submission or replay made after a revoke may open the next generation.
+--   any state, generation < g: a message of a voided generation never runs and never
+--              rewrites the record, whatever the state (DESIGN §2)  => duplicate('')
 --   none                                   -> CLAIMED, token floor+1  => acquired
---   FAILED                                 -> CLAIMED, token+1        => acquired
+--   FAILED (generation >= g): known not executed, so this generation's key is free for
+--              any values; fingerprint and request become this message's
+--                                          -> CLAIMED, token+1        => acquired
 --   REVOKED | SUPERSEDED, generation > g   -> CLAIMED g+1, token+1    => acquired
---   REVOKED | SUPERSEDED, generation <= g: a message of the voided generation
+--   REVOKED | SUPERSEDED, generation = g: a message of the voided generation
 --                                                                     => duplicate(receipt)
 --   otherwise: fingerprint differs                                    => conflict
 --   DONE                                                              => duplicate(receipt)
@@ -283,21 +287,27 @@ OPS.claim = function()
   local generation = tonumber(A[9]) or 0
   local deadline = now + lease_ms
   if not rec then
+    -- A record that expired took its generation along: the message's (submit's answer)
+    -- keeps the provider's idempotency key the one its generation was submitted under.
     local token = floor() + 1
-    rec = {s = false, t = 0, f = fp, g = 0, tool = tool, n = 0, c = now, cp = campaign,
-    ln = 0, lb = '', yn = 0, yb = ''}
+    rec = {s = false, t = 0, f = fp, g = generation, tool = tool, n = 0, c = now,
+    cp = campaign, ln = 0, lb = '', yn = 0, yb = ''}
     move('CLAIMED', token, 'claim', deadline)
     rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
     redis.call('SET', K[1], encode(rec), 'NX')
     return {'acquired', token, 0}
   end
   local s = rec.s
-  if (s == 'REVOKED' or s == 'SUPERSEDED') and generation <= rec.g then
+  if generation < rec.g then
+    bump('dup_claim', tool)
+    return {'duplicate', rec.t, generation, '', s}
+  end
+  if (s == 'REVOKED' or s == 'SUPERSEDED') and generation == rec.g then
     bump('dup_claim', tool)
     return {'duplicate', rec.t, rec.g, rec.r or '', s}
   end
   if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
-    if s ~= 'FAILED' then rec.g = rec.g + 1 end
+    if s ~= 'FAILED' then rec.g = rec.g + 1 else rec.g = generation end
     rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
     move('CLAIMED', rec.t + 1, 'claim', deadline)
     rec.n, rec.h, rec.q, rec.a = rec.n + 1, holder, request, now

@@ -636,3 +636,82 @@ def test_a_late_confirm_never_turns_a_later_reservation_into_a_pending_answer(
     ledger.confirm_pending([(effect, "m-3")], 3600)  # the broker took m-3
     ledger.confirm_pending([(effect, "m-3")], 3600)  # a confirm may be sent twice
     assert ledger.submit(effect, message_id="m-4", pending_s=60).status == "pending"
+
+
+# -- the generation rule holds in every state (issue 37, item 1) ---------------------------
+
+
+def _generation_one(ledger: Ledger, reach: str) -> tuple[Effect, Effect, int]:
+    """generation 0 charged 10.00 and revoked; generation 1 (12.00, submitted after the
+    revoke) brought to ``reach``. Returns (the old message's effect, the new one's, the
+    old message's generation)."""
+    old = charge(amount="10.00")
+    new = charge(scope=old.scope, amount="12.00")
+    first = ledger.submit(old, message_id="m-0", pending_s=60)
+    done(ledger, old)
+    ledger.operate(old.key, "revoke", note="actor=ops reason=refunded", retention_s=60)
+    again = ledger.submit(new, message_id="m-1", pending_s=60)
+    assert (again.status, again.generation) == ("enqueue", 1)
+    lease = 0.05 if reach in ("expired", "RECONCILING", "UNKNOWN", "reconciler FAILED") else 30
+    claim = ledger.claim(new, lease_s=lease, holder="w/1", generation=again.generation)
+    assert claim.acquired and claim.generation == 1
+    if reach == "FAILED":  # its first attempt got a 503
+        assert ledger.fail(new.key, claim.token, reason="503", retention_s=60).ok
+    elif reach == "DONE":
+        assert ledger.commit(new.key, claim.token, RECEIPT, retention_s=60).ok
+    elif reach in ("expired", "RECONCILING", "UNKNOWN", "reconciler FAILED", "resolved FAILED"):
+        if reach == "resolved FAILED":
+            assert ledger.handover(new.key, claim.token, reason="timeout").ok
+        poll(lambda: ledger.claim(new, lease_s=1, holder="probe", generation=1),
+             lambda c: c.outcome == "blocked")  # fmt: skip
+        if reach != "expired":
+            took = ledger.takeover(new.key, lease_s=30, holder="r/1")
+            assert took is not None
+            if reach in ("UNKNOWN", "resolved FAILED"):
+                assert ledger.mark_unknown(new.key, took.token, reason="lookup down").ok
+            if reach == "resolved FAILED":
+                ledger.operate(new.key, "resolve_failed", note="actor=a reason=r", retention_s=60)
+            if reach == "reconciler FAILED":
+                assert ledger.fail(new.key, took.token, reason="not found", retention_s=60).ok
+    return old, new, first.generation
+
+
+@pytest.mark.parametrize(
+    "reach",
+    ["FAILED", "reconciler FAILED", "resolved FAILED", "CLAIMED", "expired", "RECONCILING",
+     "UNKNOWN", "DONE"],
+)  # fmt: skip
+def test_a_message_of_an_older_generation_never_claims_nor_rewrites_the_record(
+    ledger: Ledger, reach: str
+) -> None:
+    old, new, generation = _generation_one(ledger, reach)
+    before = ledger.get(new.key)
+    assert before is not None and before.generation == 1
+    # The generation-0 message comes again (a redelivery after a kill at after_commit, a
+    # campaign's second copy, a lost batched ack), now that generation 1 is in `reach`.
+    stale = ledger.claim(old, lease_s=30, holder="w/old", generation=generation)
+    assert stale.outcome is ClaimOutcome.DUPLICATE, stale
+    assert stale.generation == 0 and stale.receipt is None
+    after = ledger.get(new.key)
+    assert after is not None
+    assert (after.state, after.token, after.generation, after.fingerprint, after.request) == (
+        before.state, before.token, 1, new.fingerprint, before.request,
+    )  # fmt: skip
+    assert after.request is not None and after.request["args"]["amount"] == "12.00"
+    assert len(after.history) == len(before.history)
+
+
+def test_a_failed_record_accepts_a_claim_of_its_own_generation_with_new_values(
+    ledger: Ledger,
+) -> None:
+    """FAILED (known not executed) frees the key for its own generation: the customer may
+    correct the amount; the provider sees the same idempotency key for that generation."""
+    _old, new, _ = _generation_one(ledger, "FAILED")
+    corrected = charge(scope=new.scope, amount="13.00")
+    ledger.clear_pending(new.key)  # the 12.00 message gave up (a live one is a conflict)
+    submitted = ledger.submit(corrected, message_id="m-2", pending_s=60)
+    assert (submitted.status, submitted.generation) == ("enqueue", 1)
+    claim = ledger.claim(corrected, lease_s=30, holder="w/2", generation=1)
+    assert claim.acquired and claim.generation == 1
+    record = ledger.get(new.key)
+    assert record is not None and record.fingerprint == corrected.fingerprint
