@@ -28,6 +28,7 @@ a failure prints its steps and a ``@reproduce_failure`` blob, and hypothesis kee
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -50,6 +51,7 @@ from hypothesis.stateful import (
 )
 
 from dedupe import ClaimOutcome, Effect, TransitionRefusedError
+from tests.model.design_rules import Step, check_run, check_step
 from tests.model.state_table import DONE, LEASED, OPERATOR, SETTLED, UNKNOWN, Model
 from tests.support.ledgers import charge, fresh_ledger, poll
 from workers.dev.redis_server import RedisServer
@@ -133,6 +135,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.granted: list[Holder] = []
         self.top = [0] * len(self.keys)  # the highest token each key ever showed
         self.serial = count(1)
+        self.sent: list[Message] = []  # every message submitted, in order
+        self.trace: list[Step] = []  # every ledger call, for design_rules
 
     def teardown(self) -> None:
         self.ledger.client.close()
@@ -150,6 +154,13 @@ class LedgerMachine(RuleBasedStateMachine):
         assert _without(after, *skip) == _without(before, *skip), (
             f"{what} on k{k} changed the record: {before} -> {after}"
         )
+
+    def _log(self, kind: str, k: int, before: dict[str, Any] | None, **answer: Any) -> None:
+        """Record the call just made on key ``k`` (its answer, the record before and after)
+        and hold it to DESIGN's rules at once (design_rules: not the state table)."""
+        step = Step(len(self.trace), kind, k, before, self._raw(k), **answer)
+        self.trace.append(step)
+        check_step(step)
 
     def _wait_lease(self, k: int) -> None:
         """Wait until the server's clock is past the lease just written."""
@@ -199,8 +210,10 @@ class LedgerMachine(RuleBasedStateMachine):
     def _submit(self, k: int, variant: int) -> Message:
         effect = self.effects[k][variant]
         message_id = f"m{next(self.serial)}"
+        before = self._raw(k)
         expect = self.model.submit(k, effect.fingerprint, message_id)
         got = self.ledger.submit(effect, message_id=message_id, pending_s=LONG_S)
+        self._log("submit", k, before, outcome=got.status.value)
         assert got.status.value in expect.statuses, (
             f"submit k{k}: ledger {got.status.value}, model {sorted(expect.statuses)}"
         )
@@ -209,15 +222,19 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         if got.status.value == "done":
             assert got.receipt == expect.receipt
-        return Message(k, variant, got.generation, message_id)
+        msg = Message(k, variant, got.generation, message_id)
+        self.sent.append(msg)
+        return msg
 
     @rule(msg=messages)
     def confirm(self, msg: Message) -> None:
         """The producer heard that the broker took ``msg``: at once, or late (after the
         message ran, or after later submissions of its key)."""
         effect = self.effects[msg.k][msg.variant]
+        before = self._raw(msg.k)
         expect = self.model.confirm(msg.k, effect.fingerprint, msg.message_id)
         self.ledger.confirm_pending([(effect, msg.message_id)], LONG_S)
+        self._log("confirm", msg.k, before)
         stored = self.ledger.client.get(self.ledger._pending_key(effect.key))
         if expect is None:
             wanted = None
@@ -239,6 +256,11 @@ class LedgerMachine(RuleBasedStateMachine):
         got = self.ledger.claim(
             effect, lease_s=self._lease(tiny), holder=name, generation=msg.generation
         )
+        answered = "" if got.receipt is None else json.dumps(got.receipt)
+        self._log(
+            "claim", k, before, generation=msg.generation, outcome=got.outcome.value,
+            receipt=answered,
+        )  # fmt: skip
         assert got.outcome.value in expect.outcomes, (
             f"claim k{k} (message generation {msg.generation}): ledger {got.outcome.value} "
             f"token {got.token} generation {got.generation}, model {sorted(expect.outcomes)}"
@@ -270,10 +292,62 @@ class LedgerMachine(RuleBasedStateMachine):
         """A submission (or an operator's replay) delivered at once."""
         return self._claim(self._submit(k, 0), name, tiny)
 
+    def _older(self, k: int) -> list[Message]:
+        """Messages of key ``k`` submitted for a generation older than its record's."""
+        r = self.model.rec(k)
+        return [m for m in self.sent if m.k == k and r is not None and m.generation < r.generation]
+
+    @precondition(lambda self: any(self._older(k) for k in range(len(self.keys))))
+    @rule(target=holders, data=st.data(), name=WORKERS)
+    def an_older_generation_arrives(self, data: st.DataObject, name: str) -> Any:
+        """A message of a generation older than its record's is delivered (a redelivery
+        after a lost ack, a campaign's second copy), whatever state the record is in."""
+        k = data.draw(st.sampled_from([k for k in range(len(self.keys)) if self._older(k)]))
+        return self._claim(data.draw(st.sampled_from(self._older(k)), label="old"), name, False)
+
+    @precondition(lambda self: self._in(DONE))
+    @rule(
+        data=st.data(),
+        action=st.sampled_from(["revoke", "supersede"]),
+        variant=st.sampled_from([0, 1]),
+        ending=st.sampled_from(["worker", "reconciler", "operator"]),
+        name=WORKERS,
+    )
+    def a_voided_generation_comes_back(
+        self, data: st.DataObject, action: str, variant: int, ending: str, name: str
+    ) -> None:
+        """DESIGN §2's generation rule, made reachable in one step: a DONE effect is revoked
+        (or superseded), resubmitted (generation g+1, the same or other values), that
+        attempt ends FAILED — the worker's known failure, the reconciler's "not found", an
+        operator's resolve --not-executed from UNKNOWN — and then a message of the voided
+        generation is delivered."""
+        k = data.draw(st.sampled_from(self._in(DONE)), label="k")
+        self._operate(k, action, override=False, short=False)
+        holder = self._claim(self._submit(k, variant), name, tiny=False)
+        if not isinstance(holder, Holder):
+            event("voided generation: the resubmission was not granted")
+            return
+        if ending == "worker":
+            self._fail(holder, short=False)
+        else:
+            self._handover(holder)
+            taken = self._takeover(k, "rc1", tiny=False)
+            assert taken is not None
+            if ending == "reconciler":
+                self._fail(taken, short=False)
+            else:
+                self._mark_unknown(taken)
+                self._operate(k, "resolve_failed", override=False, short=False)
+        older = self._older(k)
+        event(f"voided generation comes back after {ending}: {'yes' if older else 'none older'}")
+        if older:
+            self._claim(data.draw(st.sampled_from(older), label="old"), name, tiny=False)
+
     def _heartbeat(self, h: Holder, tiny: bool) -> None:
         before = self._raw(h.k)
         ok = self.model.heartbeat(h.k, h.token, live=not tiny)
         got = self.ledger.heartbeat(self.keys[h.k], h.token, lease_s=self._lease(tiny))
+        self._log("heartbeat", h.k, before, outcome="ok" if got.ok else "fenced")
         event(f"heartbeat: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"heartbeat k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
@@ -289,6 +363,7 @@ class LedgerMachine(RuleBasedStateMachine):
         got = self.ledger.commit(
             self.keys[h.k], h.token, receipt, retention_s=TINY_S if short else RETAIN_S
         )
+        self._log("commit", h.k, before, outcome="ok" if got.ok else "fenced")
         assert got.ok == expect.ok, (
             f"commit k{h.k} t{h.token}: ledger ok={got.ok} ({got.state} t{got.token}), "
             f"model ok={expect.ok}"
@@ -308,6 +383,7 @@ class LedgerMachine(RuleBasedStateMachine):
         got = self.ledger.fail(
             self.keys[h.k], h.token, reason="declined", retention_s=TINY_S if short else RETAIN_S
         )
+        self._log("fail", h.k, before, outcome="ok" if got.ok else "fenced")
         event(f"fail on {_state(before)}: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"fail k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
@@ -319,6 +395,7 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self._raw(h.k)
         ok = self.model.handover(h.k, h.token, "uncertain")
         got = self.ledger.handover(self.keys[h.k], h.token, reason="uncertain")
+        self._log("handover", h.k, before, outcome="ok" if got.ok else "fenced")
         event(f"handover: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"handover k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
@@ -328,6 +405,7 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self._raw(h.k)
         ok = self.model.mark_unknown(h.k, h.token, "lookup unavailable")
         got = self.ledger.mark_unknown(self.keys[h.k], h.token, reason="lookup unavailable")
+        self._log("mark_unknown", h.k, before, outcome="ok" if got.ok else "fenced")
         event(f"mark_unknown: {'ok' if got.ok else 'fenced'}")
         assert got.ok == ok, f"mark_unknown k{h.k} t{h.token}: ledger ok={got.ok}, model ok={ok}"
         if not ok:
@@ -389,16 +467,23 @@ class LedgerMachine(RuleBasedStateMachine):
         one with a live lease: refused)."""
         candidates = self._leased(expired=True) or self._leased(expired=False)
         k = data.draw(st.sampled_from(candidates), label="k")
+        return self._takeover(k, name, tiny) or multiple()
+
+    def _takeover(self, k: int, name: str, tiny: bool) -> Holder | None:
         before = self._raw(k)
         token = self.model.takeover(k, name, live=not tiny)
         got = self.ledger.takeover(self.keys[k], lease_s=self._lease(tiny), holder=name)
+        self._log(
+            "takeover", k, before, outcome="acquired" if got else "refused",
+            now_ms=got and got.now_ms,
+        )  # fmt: skip
         event(f"takeover: {'acquired' if got else 'refused'}")
         assert (got and got.token) == token, (
             f"takeover k{k}: ledger {got and got.token}, model {token}"
         )
         if got is None:
             self._unchanged(k, before, "a refused takeover")
-            return multiple()
+            return None
         holder = self._grant(k, got.token, name)
         if tiny:
             self._wait_lease(k)
@@ -454,6 +539,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 override_evidence=override,
             )
         except TransitionRefusedError as exc:
+            self._log(action, k, before, outcome="refused")
             event(f"{action}: refused" + (" (evidence)" if evidence else ""))
             assert not ok, f"{action} k{k} refused by the ledger ({exc.message}), model allows it"
             assert exc.details.get("evidence") == evidence, (
@@ -461,6 +547,7 @@ class LedgerMachine(RuleBasedStateMachine):
             )
             self._unchanged(k, before, f"a refused {action}")
             return
+        self._log(action, k, before, outcome="ok")
         event(f"{action}: done")
         assert ok, f"{action} k{k}: ledger did it ({write.state} t{write.token}), model refuses"
         if short:
@@ -478,8 +565,10 @@ class LedgerMachine(RuleBasedStateMachine):
             k for k, r in enumerate(self.model.records) if r is not None and r.state in SETTLED
         ]
         k = data.draw(st.sampled_from(settled), label="k")
+        before = self._raw(k)
         assert self.ledger.client.pexpire(self._record_key(k), 1)
         self._wait_gone(k)
+        self._log("expire", k, before)
         event("retention ended")
 
     # -- invariants ---------------------------------------------------------------------
@@ -529,6 +618,11 @@ class LedgerMachine(RuleBasedStateMachine):
         assert got_counts == self.model.counts(), (
             f"counters {got_counts}, model {self.model.counts()}"
         )
+
+    @invariant()
+    def design_rules_hold_over_the_whole_run(self) -> None:
+        """Every call so far, every record's whole history: tests/model/design_rules.py."""
+        check_run(self.trace, len(self.keys))
 
     @invariant()
     def no_two_holders_of_one_live_token(self) -> None:
