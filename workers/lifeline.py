@@ -36,9 +36,8 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 def _arm(signum: int) -> bool:
     """Ask Linux for ``signum`` when the parent dies; False where that cannot be asked."""
     if not sys.platform.startswith("linux"):
-        # No parent-death signal elsewhere (macOS, the BSDs: a developer's machine). The
-        # process then outlives a SIGKILLed parent; the supervisor's stray check still
-        # finds it by its process group (``workers.supervisor``).
+        # No parent-death signal elsewhere (macOS, the BSDs: a developer's machine): the
+        # process outlives a SIGKILLed parent until a signal to its group reaches it.
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:

@@ -8,20 +8,24 @@ an unfinished one.
 
 Children die with their parent (``workers.lifeline``): each Dramatiq main process gets
 SIGTERM when this supervisor dies, each worker process when its main process dies, so none
-goes on consuming unsupervised beside a replacement; they drain like on any shutdown. Each
-child runs in a process group of its own (its pgid is its pid), which still holds its worker
-processes once they are re-parented: when a child exits, the processes left in its group are
-strays — logged with their pids, counted (``effectq_worker_strays_total``), sent SIGTERM
-(where the parent-death signal was not armed, e.g. off Linux) and watched until they are
-gone. A SIGKILL to the supervisor's own group (an impatient operator, a test harness) so
-takes the supervisor alone; the pool then drains.
+goes on consuming unsupervised beside a replacement; they drain like on any shutdown.
 
-A signal to the supervisor's group (``kill -TERM -PGID``, a terminal's Ctrl-C) reaches the
-supervisor, which passes it to each child's group; systemd's ``KillMode=control-group``
-signals every process of the cgroup. Either way a worker process gets the shutdown two or
-three times; it counts only the first (``workers.broker.middleware``), and the drain goes on.
-A worker process that cannot reach its ledger at boot exits before consuming, and is
-restarted here with the same backoff.
+The pool is one process group, the supervisor's (it leads it when started by a shell,
+systemd or a container runtime), and a re-parented worker process stays in it. When a child
+exits, the supervisor looks for strays: processes of its group that carry its pid in their
+environment (``EFFECTQ_SUPERVISOR_PID``: started under it, never another program's) and no
+longer descend from it. Each is logged with its pid, counted
+(``effectq_worker_strays_total``), sent SIGTERM (its second, ignored) and waited for, at
+shutdown too. Off Linux there is neither the parent-death signal nor /proc: a stray goes on
+until a signal to the group reaches it.
+
+A signal to the whole group (``kill -TERM -PGID``, a terminal's Ctrl-C) or cgroup
+(systemd's ``KillMode=control-group``) reaches every process, so a worker process gets the
+shutdown two or three times; it counts only the first (``workers.broker.middleware``), and the
+drain goes on. A SIGKILL to the group (an impatient operator, a test harness) still takes
+the whole pool, and systemd signals the whole cgroup whatever the groups, so a group per
+child would not spare them anyway. A worker process that cannot reach its ledger at boot
+exits before consuming, and is restarted here with the same backoff.
 
 Metrics: the supervisor gives its children a prometheus-client multiprocess directory of
 its own (``PROMETHEUS_MULTIPROC_DIR`` in their environment, so it is set before any of
@@ -95,24 +99,46 @@ ENTRY = "workers.entry"
 _PROC = Path("/proc")
 
 
-def group_members(pgid: int) -> set[int]:
-    """The live (not zombie) processes of process group ``pgid``, read from /proc; empty
-    where there is none (macOS: strays there are signalled, not counted)."""
-    members: set[int] = set()
+def strays(supervisor: int) -> set[int]:
+    """Processes started under ``supervisor`` that were re-parented away from it: live (not
+    zombie) members of its process group, its pid in their environment, not its
+    descendants. Read from /proc; empty where there is none (macOS: not counted there)."""
     if not _PROC.is_dir():
-        return members
+        return set()
+    group = os.getpgid(supervisor)
+    parents: dict[int, int] = {}  # the group's live members: their parent
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile, or not ours to read
+        except OSError:  # gone meanwhile
             continue
         # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        state, _ppid, pgrp = stat.rpartition(")")[2].split()[:3]
-        if state != "Z" and int(pgrp) == pgid:
-            members.add(int(entry.name))
-    return members
+        state, ppid, pgrp = stat.rpartition(")")[2].split()[:3]
+        if state != "Z" and int(pgrp) == group:
+            parents[int(entry.name)] = int(ppid)
+
+    def descends(pid: int) -> bool:
+        for _ in range(len(parents) + 1):  # a bound: /proc read over time may hold a loop
+            if pid == supervisor:
+                return True
+            if pid not in parents:
+                return False
+            pid = parents[pid]
+        return False
+
+    mark = f"{lifeline.SUPERVISOR_PID_ENV}={supervisor}".encode()
+    return {p for p in parents if not descends(p) and mark in _environment(p)}
+
+
+def _environment(pid: int) -> list[bytes]:
+    """The environment ``pid`` was started with (a forked child: its parent's); [] when it
+    cannot be read (gone, or not ours)."""
+    try:
+        return (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 class _Counts:
@@ -126,7 +152,7 @@ class _Counts:
         yield from self.restarts.collect()
         yield CounterMetricFamily(
             "effectq_worker_strays",
-            "Processes left running in a dead child's process group (re-parented away).",
+            "Processes started under this supervisor found re-parented away from it.",
             value=self.strays,
         )
 
@@ -162,7 +188,7 @@ class Supervisor:
         self._dir: Path | None = None  # the pool's metrics directory, once run() made it
         self.restarts = WorkerRestarts()
         self._counts = _Counts(self.restarts)
-        self._strays: dict[int, set[int]] = {}  # a dead child's pgid: its processes left
+        self._strays: set[int] = set()  # found, not yet gone
         self._strays_checked = 0.0
         self._recent: deque[float] = deque()  # when each restart happened (monotonic)
         self._recent_lock = threading.Lock()  # the probes read it from their threads
@@ -184,9 +210,7 @@ class Supervisor:
         beat = self._dir / f"heartbeat-{slot}"
         beat.unlink(missing_ok=True)  # a predecessor's heartbeat is not this child's
         env = {**self._env, heartbeat.ENV: str(beat), lifeline.SUPERVISOR_PID_ENV: str(os.getpid())}
-        # A group of its own: it outlives a child's death for as long as any of its processes
-        # does, so what a dead child left behind is found and signalled by that pgid.
-        proc = subprocess.Popen(self.command(), env=env, process_group=0)
+        proc = subprocess.Popen(self.command(), env=env)
         self._children[slot] = _Child(slot, proc, beat, restarts=restarts)
         log.info("worker %d started (pid %d)", slot, proc.pid)
 
@@ -249,28 +273,29 @@ class Supervisor:
 
     def _signal_all(self, signum: int, _frame: object = None) -> None:
         self._stopping = True
-        groups = {c.proc.pid for c in self._children.values() if c.proc.poll() is None}
-        for pgid in groups | self._strays.keys():
-            # The whole group: a worker process whose parent-death signal is not armed too.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signum)
+        for child in self._children.values():
+            if child.proc.poll() is None:
+                child.proc.send_signal(signum)
+        for pid in self._strays:  # no parent of theirs passes it on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
     def _look_for_strays(self, child: _Child) -> None:
-        """After ``child`` exited: what is left in its group drains (SIGTERM) and is counted."""
-        pgid = child.proc.pid
-        left = group_members(pgid)
-        if left or not _PROC.is_dir():
-            # Members hold the pgid: it cannot have passed to another process meanwhile.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGTERM)
-        if not left:
+        """After ``child`` exited: the processes it left behind are counted and drain."""
+        found = strays(os.getpid()) - self._strays
+        if not found:
             return
-        self._strays[pgid] = left
-        self._counts.strays += len(left)
+        for pid in found:
+            # Read just now as ours and alive; its pid cannot pass to another process
+            # before it is reaped, and a stray is reaped by its adopter.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        self._strays |= found
+        self._counts.strays += len(found)
         log.warning(
-            "worker %d (pid %d) left %d stray process%s in its group (pids %s): sent SIGTERM, "
-            "they drain", child.slot, pgid, len(left), "es" if len(left) > 1 else "",
-            ", ".join(map(str, sorted(left))),
+            "worker %d (pid %d) exited leaving %d stray process%s re-parented away (pids %s): "
+            "sent SIGTERM, waiting for them to drain", child.slot, child.proc.pid, len(found),
+            "es" if len(found) > 1 else "", ", ".join(map(str, sorted(found))),
         )  # fmt: skip
 
     def _watch_strays(self) -> None:
@@ -278,11 +303,11 @@ class Supervisor:
         if not self._strays or time.monotonic() - self._strays_checked < 1.0:
             return
         self._strays_checked = time.monotonic()
-        for pgid, pids in list(self._strays.items()):
-            if not group_members(pgid):
-                del self._strays[pgid]
-                log.info("stray processes of group %d gone (pids %s)", pgid,
-                         ", ".join(map(str, sorted(pids))))  # fmt: skip
+        gone = self._strays - strays(os.getpid())
+        if gone:
+            self._strays -= gone
+            log.info("stray process%s gone: pids %s", "es" if len(gone) > 1 else "",
+                     ", ".join(map(str, sorted(gone))))  # fmt: skip
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._signal_all)
