@@ -40,11 +40,11 @@ whose plan expired) records them as a baseline in the meta, subtracted from ever
 from __future__ import annotations
 
 import hashlib
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 
+from .identity import normalize_scope
 from .ledger import Ledger
 from .records import State
 
@@ -82,8 +82,9 @@ return 'ok'
 
 
 def normalize_campaign_id(campaign_id: str) -> str:
-    """The campaign id as ``derive`` treats a scope: NFC, surrounding space trimmed."""
-    return unicodedata.normalize("NFC", campaign_id.strip())
+    """The campaign id as ``derive`` treats a scope: NFC, surrounding space trimmed, every
+    character visible (else an IdentityError: one id is never two campaigns)."""
+    return normalize_scope(campaign_id, "campaign id")
 
 
 def campaign_tag(campaign_id: str) -> str:

@@ -5,6 +5,8 @@
     EffectqError                  (message, details)
     ├── IdentityError             the arguments cannot name an effect
     │   ├── CanonicalizationError     a value has no canonical form (NaN, float money, bad key…)
+    │   │   └── InvisibleCharacterError   an identity value holds a control, format, invisible
+    │   │                                 (default-ignorable), unassigned or private-use character
     │   ├── MissingFieldError         an identity or bound field is absent
     │   ├── ValueTooLargeError        a value is over its size bound (money's digits too)
     │   ├── KeyFormatError            an effect key is not 64 lowercase hex digits
@@ -55,6 +57,7 @@ __all__ = [
     "ConflictError",
     "EffectqError",
     "IdentityError",
+    "InvisibleCharacterError",
     "KeyFormatError",
     "LayoutChangedError",
     "LedgerAuthError",
@@ -97,6 +100,11 @@ class IdentityError(EffectqError):
 
 class CanonicalizationError(IdentityError):
     pass
+
+
+class InvisibleCharacterError(CanonicalizationError):
+    """An identity value (an identity field, scope, campaign id or recipient) holds a
+    character that would make one target look like two (``dedupe.normalize.visible``)."""
 
 
 class MissingFieldError(IdentityError):

@@ -12,6 +12,12 @@ trimmed where the field's normalizer trims) — what the tool receives, the enve
 and the ledger stores (``dedupe.normalize``). ``derive`` of an effect's ``args`` gives the
 same effect again, so a worker recomputes the key from the envelope.
 
+What names the effect is what a person sees: every identity field's key form (whatever its
+normalizer, strings anywhere inside it), the scope and a campaign id (``normalize_scope``)
+refuse control, format, default-ignorable, unassigned and private-use code points
+(``dedupe.normalize.visible``) with one InvisibleCharacterError naming the field. Free
+content is not identity and keeps them.
+
 ``derive`` raises an IdentityError or nothing: whatever a normalizer raises (a decimal
 signal, a ValueError, a user's callable failing) becomes a CanonicalizationError naming
 ``tool.field``, and no message carries the value.
@@ -36,14 +42,18 @@ from .canonical import canonical_bytes, nfc_deep
 from .errors import (
     CanonicalizationError,
     IdentityError,
+    InvisibleCharacterError,
     KeyFormatError,
     MissingFieldError,
     SpecError,
 )
-from .normalize import FieldNormalizer
+from .normalize import INVISIBLE, FieldNormalizer, visible
 from .spec import ToolSpec
 
-__all__ = ["MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive", "idempotency_key"]
+__all__ = [
+    "MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive", "idempotency_key",
+    "normalize_scope",
+]  # fmt: skip
 
 MAX_SCOPE_CHARS = 256
 _VERSION = 1
@@ -87,6 +97,15 @@ def _names(names: list[str]) -> str:
 
 def _forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
     """(as submitted, key form) of one argument; see ``dedupe.normalize``."""
+    submitted, form = _field_forms(spec, name, value)
+    if name in spec.identity and not _visible_deep(form):
+        raise InvisibleCharacterError(
+            f"{spec.name}.{name}: {INVISIBLE}", tool=spec.name, field=name
+        )
+    return submitted, form
+
+
+def _field_forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
     fn = spec.normalizer(name)
     field = f"{spec.name}.{name}"
     try:
@@ -109,6 +128,20 @@ def _forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
     except IdentityError as exc:
         reason = f"refused by the field's normalizer ({type(exc).__name__})"
         raise type(exc)(f"{field}: {reason}", tool=spec.name, field=name) from None
+
+
+def _visible_deep(value: Any) -> bool:
+    """Every string in ``value`` (object keys too) is ``visible``; a user's normalizer may
+    map a character away, and then the key holds none."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return all(
+            (not isinstance(k, str) or visible(k)) and _visible_deep(v) for k, v in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return all(_visible_deep(v) for v in value)
+    return True
 
 
 def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -161,13 +194,23 @@ def _scope_and_action(spec: ToolSpec, scope: str, action: str | None) -> tuple[s
             f"{spec.name}: action {shown} is not declared (declared: {list(spec.actions)})",
             tool=spec.name,
         )
+    try:
+        return normalize_scope(scope), action
+    except IdentityError as exc:
+        raise type(exc)(f"{spec.name}: {exc.message}", tool=spec.name) from None
+
+
+def normalize_scope(scope: object, what: str = "scope") -> str:
+    """The scope as it enters the key: NFC, surrounding space trimmed, every character
+    visible. A campaign id is the scope of its recipients' keys (``what`` names it)."""
     if not isinstance(scope, str) or not scope.strip():
-        raise MissingFieldError(f"{spec.name}: scope must be a non-empty string", tool=spec.name)
+        raise MissingFieldError(f"{what} must be a non-empty string")
     if len(scope) > MAX_SCOPE_CHARS:
-        raise CanonicalizationError(
-            f"{spec.name}: scope longer than {MAX_SCOPE_CHARS} characters", tool=spec.name
-        )
-    return unicodedata.normalize("NFC", scope.strip()), action
+        raise CanonicalizationError(f"{what} is longer than {MAX_SCOPE_CHARS} characters")
+    out = unicodedata.normalize("NFC", scope.strip())
+    if not visible(out):
+        raise InvisibleCharacterError(f"{what} {INVISIBLE}")
+    return out
 
 
 def _identity(spec: ToolSpec, action: str, scope: str, norm: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,17 @@ Normalization serves identity only. Each built-in normalizer has two faces:
 derives again from the envelope's arguments and finds the same key and the same arguments.
 Every refusal is an IdentityError whose message says what is wrong, never the value.
 
+What names a target is what a person sees: ``visible`` refuses the code points that would
+make one visible spelling two values (``cus_1`` and ``cus_1`` + U+200B, two customers charged
+twice). The normalizers that name things (``id``, ``email``, ``upper``, ``casefold``) refuse
+them wherever they are used; ``text`` and ``strip`` do not (a free field's emoji keeps its
+joiner), and ``dedupe.identity`` refuses them in every identity field, the scope and a
+campaign id whatever the normalizer.
+
+No normalizer makes two values equal that the provider would receive as different, beyond
+the merge it is named for (DESIGN §1): where one would, it refuses the value instead of
+spelling it otherwise, so every value it still accepts keeps the key it had.
+
 Money is exact: parsed as a decimal string with integer arithmetic, never rounded, within
 ``MONEY_MAX_DIGITS`` significant digits, below ``10**MONEY_MAX_EXPONENT`` in magnitude and
 with no digit below ``10**-MONEY_MAX_EXPONENT`` (anything outside is a ValueTooLargeError).
@@ -29,10 +40,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .errors import CanonicalizationError, SpecError, ValueTooLargeError
+from .errors import (
+    CanonicalizationError,
+    InvisibleCharacterError,
+    SpecError,
+    ValueTooLargeError,
+)
 
 __all__ = [
+    "DEFAULT_IGNORABLE",
     "EMAIL_MAX_CHARS",
+    "INVISIBLE",
     "JSON_SAFE_INT",
     "MONEY_MAX_CHARS",
     "MONEY_MAX_DIGITS",
@@ -41,6 +59,7 @@ __all__ = [
     "FieldNormalizer",
     "Normalizer",
     "resolve_normalizer",
+    "visible",
 ]
 
 Normalizer = Callable[[Any], Any]
@@ -78,6 +97,47 @@ def _strip(value: Any) -> str:
     return _text(value).strip()
 
 
+# Default_Ignorable_Code_Point (DerivedCoreProperties.txt, unchanged from Unicode 9 to 16;
+# tests/unit/test_identity_invisible.py holds it to an independent reading of the UCD):
+# code points a renderer shows as nothing. Some are letters or marks by category (fillers,
+# variation selectors, the grapheme joiner), and the reserved ranges are refused before
+# anything is assigned there.
+DEFAULT_IGNORABLE: tuple[tuple[int, int], ...] = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+    (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+    (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+_IGNORABLE = re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in DEFAULT_IGNORABLE) + "]")
+INVISIBLE = (
+    "holds a control, format, invisible, unassigned or private-use character "
+    "(refused: it would make one target look like two)"
+)
+
+
+def visible(text: str) -> bool:
+    """False if ``text`` holds a code point an identity refuses: a control (Cc), format
+    (Cf), surrogate (Cs), private-use (Co) or unassigned (Cn, noncharacters included)
+    character, a line or paragraph separator (Zl, Zp), or a default-ignorable one. Spaces
+    (Zs) are visible: trimmed at the ends, kept inside.
+
+    Unassigned ones too: what this Python does not know it cannot show to be visible (and
+    what a later Unicode assigns there may be a format character)."""
+    # str.isprintable() is False exactly for the categories C* and Z* but the ASCII space:
+    # in C, one pass, and enough alone for ASCII text (no default-ignorable there).
+    if text.isprintable():
+        return text.isascii() or _IGNORABLE.search(text) is None
+    if not all(c.isprintable() or unicodedata.category(c) == "Zs" for c in text):
+        return False
+    return _IGNORABLE.search(text) is None
+
+
+def _visible(text: str) -> str:
+    if not visible(text):
+        raise InvisibleCharacterError(INVISIBLE)
+    return text
+
+
 def _caseless(text: str) -> str:
     # Unicode canonical caseless matching (D145): casefold between canonical decompositions,
     # recomposed so that the key form is NFC like every other string.
@@ -85,11 +145,36 @@ def _caseless(text: str) -> str:
 
 
 def _casefold(value: Any) -> str:
-    return _caseless(_strip(value))
+    # Unicode default caseless matching, merges included (Straße ≡ STRASSE, a long s ≡ s): what a
+    # caseless provider matches by (PRECIS, RFC 8265, folds so), as the email key does.
+    return _caseless(_visible(_strip(value)))
 
 
 def _upper(value: Any) -> str:
-    return unicodedata.normalize("NFC", _strip(value).upper())
+    # Codes (currencies, countries, tickers) that a provider takes case-blind. Python's
+    # upper() merges more than case: a long s → S, ß → SS, ﬀ → FF, a dotless i → I, the micro
+    # sign → a capital mu, a titlecase digraph → its capital — spellings no provider takes
+    # for one ("usd" with a long s is not "USD" to it). So a letter is accepted only where it
+    # and its capital are one simple case pair (é/É; ASCII always), the merge
+    # the normalizer is named for, and refused otherwise rather than kept as written:
+    # re-spelling it would move every key it had, and a DONE effect submitted again after
+    # an upgrade would not find its record. What is accepted keeps the key upper() gave it.
+    text = _visible(_strip(value))
+    if not text.isascii() and not all(map(_simple_case, text)):
+        raise CanonicalizationError(
+            "upper merges a letter with its capital only: a letter whose capital is another "
+            "letter or several (a long s, a sharp s, a ligature, a dotless i, a final sigma) "
+            "is refused (use casefold, or no normalizer)"
+        )
+    return unicodedata.normalize("NFC", text.upper())
+
+
+def _simple_case(char: str) -> bool:
+    """``char`` is uncased, or one of a pair of one-letter cases that map to each other."""
+    upper, lower = char.upper(), char.lower()
+    if upper != char:
+        return len(upper) == 1 and upper.lower() == char
+    return lower == char or (len(lower) == 1 and lower.upper() == char)
 
 
 # RFC 5322 dot-atom text, plus non-ASCII letters, marks and digits (RFC 6531); never a
@@ -126,7 +211,9 @@ def _address(value: Any) -> str:
         raise CanonicalizationError(f"not an email address (over {EMAIL_MAX_CHARS} characters)")
     if _plain_ascii(address):
         return address
-    return _checked(address)
+    # Before the address checks: a format character is refused there too, but a variation
+    # selector is a mark and a Hangul filler a letter to them.
+    return _checked(_visible(address))
 
 
 def _plain_ascii(address: str) -> bool:
@@ -179,7 +266,7 @@ def _id_submitted(value: Any) -> str | int:
     out = _strip(value)
     if not out:
         raise CanonicalizationError("empty identifier")
-    return out
+    return _visible(out)
 
 
 def _identifier(value: Any) -> str:

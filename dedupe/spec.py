@@ -49,7 +49,12 @@ class NotFound:
 
 @dataclass(frozen=True)
 class Unavailable:
+    """The provider could not say. ``settles_at_ms``: the lookup's method cannot rule the
+    effect out before this ledger-server time (its results lag): the reconciler asks again
+    then, inside the provider's window, instead of spending its budget on the wait."""
+
     reason: str
+    settles_at_ms: int | None = None
 
 
 LookupResult = Found | NotFound | Unavailable
@@ -121,7 +126,8 @@ class ToolSpec:
             # The default action is always allowed; ``actions`` lists the others.
             object.__setattr__(self, "actions", (self.action, *self.actions))
         for label, value in (("tool name", self.name), *(("action", a) for a in self.actions)):
-            if not _NAME.match(value):
+            # fullmatch: "$" alone lets a trailing newline through ("charge\n").
+            if not _NAME.fullmatch(value):
                 raise SpecError(f"{label} {value!r} must match {_NAME.pattern}", tool=self.name)
         declared = (*self.identity, *self.bound, *self.free)
         if overlap := set(self.free) & (set(self.identity) | set(self.bound)):

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dedupe import Effect, IdentityError, ToolSpec, derive
-from dedupe.normalize import MONEY_MAX_DIGITS, MONEY_MAX_EXPONENT, NORMALIZERS
+from dedupe.normalize import MONEY_MAX_DIGITS, MONEY_MAX_EXPONENT, NORMALIZERS, visible
 
 PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -49,7 +49,14 @@ def _same_effect_again(name: str, effect: Effect) -> None:
 
 SPACE = st.sampled_from(["", " ", "  ", "\t", "\n", "\u00a0", "\u2003"])
 ATEXT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+/=?^_`{|}~-"
-LETTERS = st.characters(categories=["Lu", "Ll", "Lo"], exclude_characters="\u0130")
+# Not the Hangul fillers: letters by category, invisible (default-ignorable), refused.
+LETTERS = st.characters(
+    categories=["Lu", "Ll", "Lo"], exclude_characters="\u0130\u115f\u1160\u3164\uffa0"
+)
+# What an identity value may hold (tests/unit/test_identity_invisible.py: the rest).
+VISIBLE = st.characters(
+    codec="utf-8", exclude_categories=["Cc", "Cf", "Co", "Cn", "Zl", "Zp"]
+).filter(visible)
 atom = st.text(st.one_of(st.sampled_from(ATEXT), LETTERS), min_size=1, max_size=8)
 label = st.from_regex(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?", fullmatch=True)
 tld = st.from_regex(r"[a-zA-Z]{2,6}", fullmatch=True)
@@ -120,14 +127,16 @@ def test_email_tool_receives_the_address_as_written_and_spellings_share_a_key(
 
 
 @PROPS
-@given(st.sampled_from(["text", "strip", "casefold", "upper"]), st.text(min_size=1), SPACE)
+@given(st.sampled_from(["text", "strip", "casefold", "upper"]), st.text(VISIBLE, min_size=1), SPACE)
 def test_text_normalizers_hand_over_nfc_and_key_the_normalized_form(
     name: str, text: str, pad: str
 ) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        assume(False)
+    assume(name != "text" or visible(pad))  # text does not trim: a tab in an identity is refused
+    if name == "upper":  # letters whose capital is not their one-letter pair are refused
+        try:
+            NORMALIZERS["upper"].key(text)
+        except IdentityError:
+            assume(False)
     submitted = pad + unicodedata.normalize("NFD", text) + pad
     effect = _derive(name, submitted)
     trimmed = unicodedata.normalize("NFC", submitted)
@@ -140,10 +149,10 @@ def test_text_normalizers_hand_over_nfc_and_key_the_normalized_form(
 
 
 @PROPS
-@given(st.one_of(st.integers(-(2**53) + 1, 2**53 - 1), st.text(min_size=1)), SPACE)
+@given(st.one_of(st.integers(-(2**53) + 1, 2**53 - 1), st.text(VISIBLE, min_size=1)), SPACE)
 def test_id_tool_receives_the_id_as_submitted(value: Any, pad: str) -> None:
     if isinstance(value, str):
-        assume(value.strip() and all(not 0xD800 <= ord(c) <= 0xDFFF for c in value))
+        assume(value.strip())
         value = pad + value + pad
     effect = _derive("id", value)
     expected = value if isinstance(value, int) else unicodedata.normalize("NFC", value).strip()
