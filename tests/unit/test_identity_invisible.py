@@ -390,3 +390,118 @@ def test_casefold_is_unicode_caseless_matching_as_documented_and_id_merges_int_a
     assert _outcome("casefold", "o", "Straße") == _outcome("casefold", "o", "STRASSE")
     assert _outcome("id", "o", 42) == _outcome("id", "o", "42") is not None
     assert _outcome("id", "o", "042") != _outcome("id", "o", 42)
+
+
+# -- at the faces: one line and exit 2, before anything is contacted -------------------------
+
+# The ledger and broker at a closed port: a refusal that came after contacting either would
+# be exit 7, not 2.
+UNREACHABLE = {
+    "EFFECTQ_REDIS_URL": "redis://127.0.0.1:1/0",
+    "EFFECTQ_BROKER_URL": "redis://127.0.0.1:1/1",
+    "COLUMNS": "200",
+}
+CHARGE = ["submit", "charge", "--arg", "amount=10.00"]
+
+
+def _one_line(code: int, stderr: str, *secrets: str) -> str:
+    assert code == 2, (code, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("effectq: "), stderr
+    assert "Traceback" not in stderr and not any(s in stderr for s in secrets), stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [([*CHARGE, "--scope", "order-1", "--arg", "customer=cus_1\u200b", "--arg", "currency=usd"],
+      "charge.customer: holds"),
+     ([*CHARGE, "--scope", "order\u2060-1", "--arg", "customer=cus_1", "--arg", "currency=usd"],
+      "charge: scope holds"),
+     ([*CHARGE, "--scope", "order-1", "--arg", "customer=cus_1", "--arg", "currency=u\u017fd"],
+      "charge.currency: upper"),
+     (["submit", "send_email", "--scope", "s", "--arg", "recipient=ana\ufe0f@x.example"],
+      "send_email.recipient: holds")],
+    ids=["id", "scope", "upper", "email"],
+)  # fmt: skip
+def test_the_cli_refuses_an_invisible_character_in_one_line_with_exit_2(
+    argv: list[str], field: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    result = CliRunner().invoke(app, argv, env=UNREACHABLE)
+    line = _one_line(result.exit_code, result.stderr, "cus_1\u200b", "order\u2060", "ana")
+    assert line.startswith(f"effectq: {field}"), line
+
+
+def test_the_cli_refuses_a_campaign_whose_id_holds_an_invisible_character(tmp_path: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    path = tmp_path / "c.json"
+    path.write_text(
+        json.dumps({"campaign_id": "spring\u200b-2027", "tool": "send_email",
+                    "args": {"subject": "s", "body": "b"}, "recipients": ["a@x.example"]})
+    )  # fmt: skip
+    result = CliRunner().invoke(app, ["campaign", "submit", str(path)], env=UNREACHABLE)
+    line = _one_line(result.exit_code, result.stderr, "spring")
+    assert line.startswith("effectq: campaign id holds"), line
+
+
+def test_the_effectq_command_refuses_a_zero_width_customer_in_one_line_with_exit_2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", *CHARGE, "--scope", "order-1",
+         "--arg", "customer=cus_1\u200b", "--arg", "currency=usd"],
+        env={**os.environ, **UNREACHABLE}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    line = _one_line(done.returncode, done.stderr, "cus_1")
+    assert line.startswith("effectq: charge.customer: holds a control, format, invisible"), line
+    assert done.stdout == ""
+
+
+def test_the_api_answers_422_naming_the_field_never_the_value() -> None:
+    from pydantic import SecretStr
+    from starlette.testclient import TestClient
+
+    from workers.api.app import create_app
+    from workers.settings import Settings
+
+    token = "shop-token-0123456789abcdef"
+    ledger, broker = UNREACHABLE["EFFECTQ_REDIS_URL"], UNREACHABLE["EFFECTQ_BROKER_URL"]
+    tokens = SecretStr(f"shop:{token}:submit")
+    app = create_app(Settings(api_tokens=tokens, redis_url=ledger, broker_url=broker))
+    calls = [
+        ({"tool": "charge", "scope": "order-1",
+          "args": {"customer": "cus_1\u200b", "amount": "10.00", "currency": "usd"}},
+         "charge.customer: holds"),
+        ({"tool": "charge", "scope": "\ufefforder-1",
+          "args": {"customer": "cus_1", "amount": "10.00", "currency": "usd"}},
+         "charge: scope holds"),
+        ({"tool": "charge", "scope": "order-1",
+          "args": {"customer": "cus_1", "amount": "10.00", "currency": "\ufb00"}},
+         "charge.currency: upper"),
+    ]  # fmt: skip
+    with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
+        for body, field in calls:
+            response = client.post("/v1/tool-calls", json=body)
+            assert response.status_code == 422, response.text
+            assert response.json()["message"].startswith(field), response.text
+            assert "cus_1\u200b" not in response.text and "\ufeff" not in response.text
+        campaign = {
+            "campaign_id": "spring\u200b-2027",
+            "tool": "send_email",
+            "args": {"subject": "s", "body": "b"},
+            "recipients": ["a@x.example"],
+        }
+        response = client.post("/v1/campaigns", json=campaign)
+        assert response.status_code == 422, response.text
+        assert response.json()["message"].startswith("campaign id holds"), response.text
