@@ -26,22 +26,19 @@ done and pending is ``isError``.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
-from pydantic import ValidationError
-
 from dedupe import EffectqError, IdentityError, LedgerError
 
-from ..guard import RESERVED_FIELDS, Guarded, Outcome, OutcomeStatus, guarded
+from ..guard import Guarded, Outcome, guarded
 from ..registry import tools
+from ._checks import ERROR_STATUSES, MAX_ARGUMENT_BYTES, refusal
 
 try:
     import anyio
@@ -58,10 +55,6 @@ log = logging.getLogger("workers.agents.mcp")
 # prefix, printable ASCII only (it enters the scope, which refuses invisible characters).
 _KEY = re.compile(r"[A-Za-z0-9._:~+/=-]{1,128}")
 _CALLER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
-_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE", "COPTIC")
-_ERRORS = frozenset(
-    {OutcomeStatus.CONFLICT, OutcomeStatus.UNKNOWN, OutcomeStatus.FAILED, OutcomeStatus.INVALID}
-)
 
 
 @dataclass(frozen=True)
@@ -75,7 +68,7 @@ class McpOptions:
     timeout: float = 20.0
     session: str | None = None
     scope_from: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    max_argument_bytes: int = 64 * 1024
+    max_argument_bytes: int = MAX_ARGUMENT_BYTES
 
 
 def idempotency_key(params: types.CallToolRequestParams) -> str | None:
@@ -86,21 +79,6 @@ def idempotency_key(params: types.CallToolRequestParams) -> str | None:
     if found is None:
         return None
     return found if isinstance(found, str) else ""
-
-
-def _scripts(text: str) -> set[str]:
-    """The alphabetic scripts (of those with look-alikes) the letters of ``text`` are in."""
-    seen: set[str] = set()
-    for char in text:
-        if char.isalpha():
-            name = unicodedata.name(char, "")
-            seen.update(s for s in _SCRIPTS if name.startswith(s))
-    return seen
-
-
-def _invisible(text: str) -> bool:
-    # Control, format (zero-width, joiners, BOM, bidi overrides), private-use, unassigned.
-    return any(unicodedata.category(c) in ("Cc", "Cf", "Co", "Cs", "Cn") for c in text)
 
 
 class McpFace:
@@ -176,8 +154,14 @@ class McpFace:
             served = ", ".join(sorted(self.guards))
             return _refused("NOT executed: no such tool here. The tools are: " + served)
         args = dict(arguments or {})
-        if refusal := self._refusal(guard, args, key):
-            return _refused(f"{guard.name} NOT executed: {refusal}")
+        if key is not None and not _KEY.fullmatch(key):
+            allowed = "1-128 of A-Z a-z 0-9 . _ : ~ + / = -"
+            return _refused(
+                f"{guard.name} NOT executed: the request's idempotency key is not usable "
+                f"({allowed})."
+            )
+        if refused := refusal(guard, args, max_bytes=self.options.max_argument_bytes):
+            return _refused(f"{guard.name} NOT executed: {refused}")
         try:
             scope = self.scope(guard, args, key=key, caller=caller, session=session)
             outcome = guard.invoke(args, runtime_scope=scope)
@@ -192,46 +176,6 @@ class McpFace:
             )
             return _refused(text, status="unavailable")
         return _outcome(outcome)
-
-    def _refusal(self, guard: Guarded, args: dict[str, Any], key: str | None) -> str | None:
-        """Why a call is refused before anything is submitted, in words that repeat no
-        value and no name the model made up."""
-        if key is not None and not _KEY.fullmatch(key):
-            allowed = "1-128 of A-Z a-z 0-9 . _ : ~ + / = -"
-            return f"the request's idempotency key is not usable ({allowed})."
-        size = len(json.dumps(args, default=str).encode("utf-8", "surrogatepass"))
-        if size > self.options.max_argument_bytes:
-            return f"the arguments are over {self.options.max_argument_bytes} bytes."
-        declared = guard.tool.spec.fields
-        if reserved := sorted((RESERVED_FIELDS - declared) & args.keys()):
-            names = ", ".join(reserved)
-            return (
-                f"{names} cannot be set by a tool call: the runtime names this request. "
-                f"Call {guard.name} again without {names}."
-            )
-        if undeclared := len(args.keys() - declared):
-            return (
-                f"{undeclared} undeclared argument{'s' if undeclared > 1 else ''}. The "
-                f"arguments are: {', '.join(sorted(declared))}."
-            )
-        try:
-            guard.args_schema.model_validate(args)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{e['loc'][0] if e['loc'] else 'arguments'}: {e['msg']}"
-                for e in exc.errors(include_url=False, include_input=False, include_context=False)
-            )
-            return f"invalid arguments ({problems})."
-        spec = guard.tool.spec
-        for name in sorted(set(spec.identity) | set(spec.bound)):
-            value = args.get(name)
-            if not isinstance(value, str):
-                continue
-            if _invisible(value):
-                return f"{name} carries invisible or control characters."
-            if len(_scripts(value)) > 1:
-                return f"{name} mixes letters of look-alike scripts (Latin, Cyrillic, Greek …)."
-        return None
 
 
 def _refused(text: str, *, status: str = "invalid") -> types.CallToolResult:
@@ -253,7 +197,7 @@ def _outcome(outcome: Outcome) -> types.CallToolResult:
             "receipt": outcome.receipt,
             "replayed": outcome.replayed,
         },
-        isError=outcome.status in _ERRORS,
+        isError=outcome.status.value in ERROR_STATUSES,
     )
 
 
