@@ -49,7 +49,12 @@ class NotFound:
 
 @dataclass(frozen=True)
 class Unavailable:
+    """The provider could not say. ``settles_at_ms``: the lookup's method cannot rule the
+    effect out before this ledger-server time (its results lag): the reconciler asks again
+    then, inside the provider's window, instead of spending its budget on the wait."""
+
     reason: str
+    settles_at_ms: int | None = None
 
 
 LookupResult = Found | NotFound | Unavailable

@@ -129,6 +129,11 @@ def decide(
         return Decision("done", "reconciled: found at the provider", receipt=result.receipt,
                         raw=result.raw)  # fmt: skip
     if isinstance(result, Unavailable):
+        settles_at = result.settles_at_ms
+        inside = takeover.now_ms - takeover.claimed_ms <= spec.provider_window_s * 1000
+        if settles_at is not None and takeover.now_ms < settles_at and inside:
+            return Decision("defer", f"lookup not settled: {result.reason}",
+                            delay_s=(settles_at - takeover.now_ms) / 1000)  # fmt: skip
         if takeover.rounds >= budget:
             return Decision(
                 "unknown", f"lookup unavailable {takeover.rounds} times: {result.reason}"

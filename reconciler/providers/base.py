@@ -170,6 +170,12 @@ class Method:
     retention_s: float
     skew_s: float = 5.0
 
+    def settles_at_ms(self, effect: LookupContext) -> int | None:
+        """The ledger-server time from which this method covers the claim (None once
+        it does, or when it never will again: past retention)."""
+        at = effect.claimed_ms + int((self.settle_s + self.skew_s) * 1000)
+        return at if effect.now_ms < at else None
+
     def window(self, effect: LookupContext) -> str | None:
         """Why this method cannot yet (or can no longer) rule the effect out; None when
         the claim's time is inside what it covers."""
@@ -202,14 +208,14 @@ def judge(
     if not result.complete:
         return Unavailable(f"{method.name}: {result.reason}")
     if why := method.window(effect):
-        return Unavailable(why)
+        return Unavailable(why, method.settles_at_ms(effect))
     return NotFound(authoritative=True)
 
 
 def combine(results: Iterable[LookupResult]) -> LookupResult:
     """Several methods asked in turn (lazily): the first Found wins; otherwise NotFound if
-    one method earned it (each covers the whole window on its own); otherwise the first
-    reason a method could not answer."""
+    one method earned it (each covers the whole window on its own); otherwise Unavailable,
+    with every method's reason."""
     answers = []
     for result in results:
         if isinstance(result, Found):
@@ -217,7 +223,11 @@ def combine(results: Iterable[LookupResult]) -> LookupResult:
         answers.append(result)
     if any(isinstance(a, NotFound) and a.authoritative for a in answers):
         return NotFound(authoritative=True)
-    for answer in answers:
-        if isinstance(answer, Unavailable):
-            return answer
-    return Unavailable("no lookup method could be asked")
+    waits = [a for a in answers if isinstance(a, Unavailable)]
+    reason = "; ".join(a.reason for a in waits)[:300] or "no lookup method could be asked"
+    # Only settling methods: ask again when the first of them covers the window (the
+    # reconciler does not count that wait against its budget); any other failure counts.
+    settles = [a.settles_at_ms for a in waits]
+    if waits and all(at is not None for at in settles):
+        return Unavailable(reason, min(at for at in settles if at is not None))
+    return Unavailable(reason)
