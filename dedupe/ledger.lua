@@ -281,12 +281,26 @@ end
 --   CLAIMED with an expired lease, UNKNOWN                            => blocked
 -- in_flight / blocked end with the ms to the lease deadline (negative once it has passed;
 -- nil without one: UNKNOWN), so a worker backs off towards it.
+-- submitted_ms (ARGV[10]): the ledger's time when the message was submitted (submit's
+-- answer, carried by the message; 0: not known), window_ms (ARGV[11]): the provider's
+-- idempotency window. Where a claim would be granted (nothing else reads the provider's
+-- memory of the key), a message older than the window by this clock is refused:
+--                                                                     => stale(age ms)
+-- the provider may have forgotten the key, so running it would be a fresh effect.
 OPS.claim = function()
   local fp, tool, lease_ms, holder, request = A[3], A[4], tonumber(A[5]), A[6], A[7]
   local campaign = A[8] ~= '' and A[8] or nil
   local generation = tonumber(A[9]) or 0
+  local submitted, window = tonumber(A[10]) or 0, tonumber(A[11]) or 0
   local deadline = now + lease_ms
+  local function stale()
+    if submitted > 0 and window > 0 and now - submitted > window then
+      return {'stale', rec and rec.s or 'ABSENT', rec and rec.t or 0, now - submitted}
+    end
+  end
   if not rec then
+    local too_old = stale()
+    if too_old then return too_old end
     -- A record that expired took its generation along: the message's (submit's answer)
     -- keeps the provider's idempotency key the one its generation was submitted under.
     local token = floor() + 1
@@ -307,6 +321,8 @@ OPS.claim = function()
     return {'duplicate', rec.t, rec.g, rec.r or '', s}
   end
   if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
+    local too_old = stale()
+    if too_old then return too_old end
     if s ~= 'FAILED' then rec.g = rec.g + 1 else rec.g = generation end
     rec.f, rec.tool, rec.r, rec.raw = fp, tool, nil, nil
     move('CLAIMED', rec.t + 1, 'claim', deadline)
@@ -480,9 +496,11 @@ end
 -- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
 -- may have been lost, and a second message for one effect is harmless (the claim decides).
 -- Reads the record, writes only the pending marker and counters: not a state transition.
--- Every answer is {status, state, token, receipt or '', generation}: the generation a
+-- Every answer is {status, state, token, receipt or '', generation, now}: the generation a
 -- message enqueued now is submitted for (the claim compares it): the record's, or g+1 on
--- REVOKED / SUPERSEDED (a submission after a revoke opens the next generation), 0 if none.
+-- REVOKED / SUPERSEDED (a submission after a revoke opens the next generation), 0 if none;
+-- and the server's time, which the message carries so that its age is judged on this
+-- clock (claim's submitted_ms), not on the producer's.
 --   DONE, same fingerprint                        => done(receipt)
 --   fingerprint differs (and the key is held)     => conflict
 --   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
@@ -498,7 +516,7 @@ OPS.submit = function()
   local generation = 0
   if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
   local function answer(status, receipt)
-    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation}
+    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation, now}
   end
   local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
   if not free then

@@ -846,15 +846,20 @@ class Ledger:
         holder: str,
         campaign: str | None = None,
         generation: int = 0,
+        submitted_ms: int = 0,
+        window_s: float = 0.0,
     ) -> Claim:
-        """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked.
+        """Claim ``effect``: acquired / duplicate / conflict / in_flight / blocked / stale.
         ``campaign`` (a campaign tag) makes the record count towards its campaign.
         ``generation``: the one the message was submitted for (``Submission.generation``,
-        carried by the envelope). On a REVOKED / SUPERSEDED record only a later generation
-        opens the next one; an older message is a duplicate of the voided generation."""
+        carried by the envelope). A message of an older generation than the record's is a
+        duplicate in every state: it never runs and never rewrites the record.
+        ``submitted_ms``: the ledger's time at submit (``Submission.submitted_ms``; 0: not
+        known) — where a claim would be granted, a message older than ``window_s`` (the
+        provider's idempotency window) on the ledger's clock is ``stale``, never run."""
         request = self.request_text(effect)
         argv = [bytes.fromhex(effect.fingerprint), effect.tool, _ms(lease_s), holder, request,
-                campaign or "", generation]  # fmt: skip
+                campaign or "", generation, max(submitted_ms, 0), int(window_s * 1000)]  # fmt: skip
         return Claim.from_reply(effect.key, self._call("claim", effect.key, *argv))
 
     def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:

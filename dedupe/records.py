@@ -41,6 +41,9 @@ class ClaimOutcome(StrEnum):
     CONFLICT = "conflict"
     IN_FLIGHT = "in_flight"
     BLOCKED = "blocked"
+    # Older than the provider's window by the ledger's clock, where a claim would be
+    # granted: never executed.
+    STALE = "stale"
 
 
 def _json_or_none(text: str | None) -> Any:
@@ -63,6 +66,8 @@ class Claim:
     state: State | None = None
     receipt: dict[str, Any] | None = None
     remaining_ms: int | None = None
+    # stale: the message's age on the ledger's clock
+    age_ms: int | None = None
 
     @property
     def acquired(self) -> bool:
@@ -80,6 +85,9 @@ class Claim:
         if outcome is ClaimOutcome.DUPLICATE:
             receipt = _json_or_none(reply[3])
             return cls(outcome, key, int(reply[1]), int(reply[2]), State(reply[4]), receipt)
+        if outcome is ClaimOutcome.STALE:
+            state = None if reply[1] == "ABSENT" else State(reply[1])
+            return cls(outcome, key, int(reply[2]), state=state, age_ms=int(reply[3]))
         remaining = reply[3] if len(reply) > 3 else None
         return cls(
             outcome,
@@ -113,13 +121,15 @@ class Submission:
     token: int
     receipt: dict[str, Any] | None = None
     generation: int = 0
+    # The ledger's time at submit (ms): the message carries it; its age is judged on it.
+    submitted_ms: int = 0
 
     @classmethod
     def from_reply(cls, key: str, reply: list[Any]) -> Submission:
-        status, state, token, receipt, generation = reply
+        status, state, token, receipt, generation, now = reply
         return cls(
             SubmitStatus(status), key, str(state), int(token), _json_or_none(receipt),
-            int(generation),
+            int(generation), int(now),
         )  # fmt: skip
 
 

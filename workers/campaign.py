@@ -47,7 +47,7 @@ from .broker.fanout import Sending, send_many
 from .producer import finish_confirm, start_confirm
 from .registry import get_tool
 from .runtime import current
-from .tool import EffectTool, Envelope
+from .tool import SUBMITTED_MS, EffectTool, Envelope
 
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 
@@ -549,7 +549,11 @@ def _fan_out(
             for effect, answer in zip(batch, answers, strict=True):
                 if answer.status is not SubmitStatus.ENQUEUE:
                     skipped[answer.status.value] += 1
-                elif answer.generation:  # same message id, carrying the generation it is for
+                    continue
+                # The ledger's time of this submission: the message's age is judged on it
+                # (each message has an options dict of its own, built above).
+                messages[effect.key].options[SUBMITTED_MS] = answer.submitted_ms
+                if answer.generation:  # same message id, carrying the generation it is for
                     envelope = Envelope.of(effect, campaign=tag, generation=answer.generation)
                     messages[effect.key] = messages[effect.key].copy(args=(envelope.model_dump(),))
             failpoint("after_submit_mark")

@@ -31,7 +31,7 @@ from dedupe.ledger import Confirming
 from . import tracing
 from .registry import get_tool
 from .runtime import Runtime, current
-from .tool import EffectTool, Envelope
+from .tool import SUBMITTED_MS, EffectTool, Envelope
 
 __all__ = [
     "Handle",
@@ -188,9 +188,14 @@ def _submit(target: EffectTool, effect: Effect) -> Handle:
         effect, message_id=message.message_id, pending_s=cfg.pending_reservation_s
     )
     if answer.status is SubmitStatus.ENQUEUE:
-        if answer.generation:  # same message id (the marker names it), for this generation
-            envelope = Envelope.of(effect, generation=answer.generation)
-            message = message.copy(args=(envelope.model_dump(),))
+        # Same message id (the marker names it); it carries the ledger's time of this
+        # submission (its age is judged on that clock) and the generation it is for.
+        changes: dict[str, Any] = {
+            "options": {**message.options, SUBMITTED_MS: answer.submitted_ms}
+        }
+        if answer.generation:
+            changes["args"] = (Envelope.of(effect, generation=answer.generation).model_dump(),)
+        message = message.copy(**changes)
         failpoint("after_submit_mark")
         try:
             target.actor.broker.enqueue(message)

@@ -9,6 +9,8 @@ on middleware to stop an execution):
       acquired    → run (heartbeat) → commit | fail (not executed) | hand over (uncertain)
       duplicate   → return: the message is acked, the stored receipt is the result
       conflict    → ConflictError: dead-lettered, never executed
+      stale       → StaleMessageError: older than the provider's window by the ledger's
+                    clock at submit (where a claim would be granted): dead-lettered
       in_flight / blocked → RetryLater: the message stays alive, backing off towards the
                     lease deadline the ledger reports, until the ledger says DONE or FAILED
                     (bounded by the provider's window)
@@ -56,7 +58,6 @@ from dedupe import (
     RecordTooLargeError,
     RejectedError,
     StaleMessageError,
-    State,
     ToolSpec,
     derive,
 )
@@ -82,6 +83,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _HOST = socket.gethostname()
+# The message option carrying the ledger's time (ms) when the message was submitted: its
+# age against the provider's window is judged on the ledger's clock, never a producer's.
+# An option, not an envelope field: a worker of the previous release (envelope
+# extra="forbid") ignores it during a rolling upgrade.
+SUBMITTED_MS = "effectq_submitted_ms"
 
 
 class Envelope(BaseModel):
@@ -332,22 +338,20 @@ class EffectTool:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
-        age_s = (time.time() * 1000 - message.message_timestamp) / 1000 if message else 0.0
         retries = int(message.options.get("retries", 0)) if message else 0
         effect, campaign, generation = self._effect_of(args, kwargs)
         logs.annotate(key=effect.key)
+        submitted_ms = _submitted_ms(message, effect.key)
         rt = self.runtime
         ledger = _ledger(rt, effect.key)
-        if age_s > self.spec.provider_window_s:
-            self._refuse_stale(ledger, effect, age_s)
-            return
         holder = f"{_HOST}:{os.getpid()}/{message_id}"
         started = time.perf_counter()
         try:
             with tracing.span("claim", tool=self.name, key=effect.key) as span:
                 claim = ledger.claim(
                     effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign,
-                    generation=generation,
+                    generation=generation, submitted_ms=submitted_ms,
+                    window_s=self.spec.provider_window_s,
                 )  # fmt: skip
                 tracing.note(span, "effectq.claim.outcome", claim.outcome.value)
         except RecordTooLargeError as exc:
@@ -360,6 +364,14 @@ class EffectTool:
         self._metrics.claims[claim.outcome.value].inc()
         if claim.outcome is ClaimOutcome.DUPLICATE:
             return
+        if claim.outcome is ClaimOutcome.STALE:
+            raise StaleMessageError(
+                f"{self.name}: message is {(claim.age_ms or 0) / 1000:.0f}s old by the ledger "
+                f"time of its submission, past the provider's "
+                f"{self.spec.provider_window_s:.0f}s idempotency window; not executed "
+                f"({claim.state.value if claim.state else 'no record'})",
+                key=effect.key,
+            )
         if claim.outcome is ClaimOutcome.CONFLICT:
             raise ConflictError(
                 f"{self.name}: bound fields differ from the recorded effect ({claim.state})",
@@ -418,25 +430,6 @@ class EffectTool:
                 self._commit(call, result)
             log.debug("committed")  # the line names the effect (workers.logs)
         failpoint("after_commit")
-
-    def _refuse_stale(self, ledger: Ledger, effect: Effect, age_s: float) -> None:
-        """A message older than the provider's idempotency window never executes: the
-        provider may have forgotten the key, so a claim granted now (its record expired, or
-        FAILED) would be a fresh effect. DONE is still a duplicate; anything else is
-        dead-lettered, and the ledger keeps listing the effect. A ledger that cannot say
-        which keeps the message (it is refused once the ledger answers)."""
-        try:
-            record = ledger.get(effect.key)
-        except LedgerError as exc:
-            raise RetryLater(f"ledger unavailable: {exc.message}", key=effect.key) from None
-        if record is not None and record.state is State.DONE:
-            return
-        state = record.state.value if record else "no record"
-        raise StaleMessageError(
-            f"{self.name}: message is {age_s:.0f}s old, past the provider's "
-            f"{self.spec.provider_window_s:.0f}s idempotency window; not executed ({state})",
-            key=effect.key,
-        )
 
     @contextmanager
     def _hold(self, key: str, token: int) -> Iterator[Held]:
@@ -511,6 +504,20 @@ class EffectTool:
                 f"commit fenced: claim taken over (now {write.state})",
                 key=call.key,
             )
+
+
+def _submitted_ms(message: dramatiq.Message[Any] | None, key: str) -> int:
+    """The ledger's time at the message's submission (``SUBMITTED_MS``). A message of the
+    previous release has none: its producer's ``message_timestamp`` stands in, as it did
+    then (one release; UPGRADING). A direct call (no message): 0, not judged."""
+    if message is None:
+        return 0
+    stamp = message.options.get(SUBMITTED_MS)
+    if stamp is None:
+        return int(message.message_timestamp)
+    if type(stamp) is not int or stamp <= 0:
+        raise MessageError(f"invalid {SUBMITTED_MS} option: not a positive integer", key=key)
+    return stamp
 
 
 def _ledger(rt: Runtime, key: str) -> Ledger:

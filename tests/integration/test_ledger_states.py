@@ -715,3 +715,36 @@ def test_a_failed_record_accepts_a_claim_of_its_own_generation_with_new_values(
     assert claim.acquired and claim.generation == 1
     record = ledger.get(new.key)
     assert record is not None and record.fingerprint == corrected.fingerprint
+
+
+# -- a message's age is judged on the ledger's clock (issue 37, item 4) -------------------
+
+
+def test_a_message_older_than_the_window_by_the_ledger_clock_is_stale_where_it_would_run(
+    ledger: Ledger,
+) -> None:
+    fresh, failed, settled = charge(), charge(), charge()
+    submitted = ledger.submit(fresh, message_id="m-1", pending_s=60)
+    now = submitted.submitted_ms
+    assert abs(now - ledger.server_time_ms()) < 5_000
+    day = 86_400.0
+    old = now - 2 * 86_400_000
+    # no record: it would run — stale, and nothing is written
+    claim = ledger.claim(fresh, lease_s=30, holder="w", submitted_ms=old, window_s=day)
+    assert claim.outcome is ClaimOutcome.STALE and claim.state is None
+    assert claim.age_ms is not None and claim.age_ms >= 2 * 86_400_000
+    assert ledger.get(fresh.key) is None
+    # inside the window by the ledger's clock: runs, whatever any producer's clock said
+    assert ledger.claim(fresh, lease_s=30, holder="w", submitted_ms=now, window_s=day).acquired
+    # FAILED: it would run again — stale, record unchanged
+    token = claimed(ledger, failed)
+    assert ledger.fail(failed.key, token, reason="503", retention_s=60).ok
+    claim = ledger.claim(failed, lease_s=30, holder="w", submitted_ms=old, window_s=day)
+    assert (claim.outcome, claim.state, claim.token) == ("stale", State.FAILED, token)
+    assert state(ledger, failed) is State.FAILED
+    # DONE: still a duplicate (it ran; the receipt answers); no stamp (0): not judged
+    done(ledger, settled)
+    dup = ledger.claim(settled, lease_s=30, holder="w", submitted_ms=old, window_s=day)
+    assert dup.outcome is ClaimOutcome.DUPLICATE and dup.receipt == RECEIPT
+    again = ledger.claim(failed, lease_s=30, holder="w", submitted_ms=0, window_s=day)
+    assert again.acquired

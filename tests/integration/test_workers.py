@@ -37,7 +37,7 @@ from workers.dev.local import LocalStack
 from workers.dev.ports import free_port
 from workers.dev.redis_server import RedisServer, default_redis_binary
 from workers.settings import Settings
-from workers.tool import _retry_when, retry_delay_ms
+from workers.tool import SUBMITTED_MS, _retry_when, retry_delay_ms
 
 
 def _calls(n: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -202,6 +202,48 @@ def test_a_message_older_than_the_provider_window_never_executes(live: LocalStac
     assert dead["key"] == tool.derive("order-old-2", {"customer": "c1", "amount": "3.00",
                                                       "currency": "usd"}).key  # fmt: skip
     assert live.stats()["executions"] == {done.key: 1}
+
+
+def test_a_fresh_submission_from_a_producer_whose_clock_is_a_day_behind_runs(
+    live: LocalStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider window is judged on the ledger's clock (issue 37, item 4): a producer
+    host 25 h behind stamps its messages 25 h in the past, which says nothing of their age."""
+    live.start_workers(processes=1, threads=2)
+    real = time.time
+    with monkeypatch.context() as skewed:
+        skewed.setattr(time, "time", lambda: real() - 25 * 3600)
+        handle = submit("charge", scope="order-skew", customer="c9", amount="4.00", currency="usd")
+    assert handle.status is Status.ENQUEUED
+    handle.wait(30)
+    assert live.stats()["executions"] == {handle.key: 1}
+    assert runtime.ledger().dead_letters() == []
+
+
+def test_a_message_the_ledger_stamped_past_the_window_never_runs_whatever_its_clock(
+    live: LocalStack,
+) -> None:
+    """The opposite skew: a producer clock ahead makes an old message look fresh. The
+    ledger's stamp at submit decides: past the window it is dead-lettered, never run."""
+    live.start_workers(processes=1, threads=2)
+    effect = get_tool("charge").derive(
+        "order-skew-old", {"customer": "c1", "amount": "3.00", "currency": "usd"}
+    )
+    ledger = runtime.ledger()
+    stamped = ledger.server_time_ms() - 2 * 86_400_000
+    runtime.broker().enqueue(
+        dramatiq.Message(
+            queue_name="effectq", actor_name="charge", args=(Envelope.of(effect).model_dump(),),
+            kwargs={}, options={SUBMITTED_MS: stamped},
+            message_timestamp=int(time.time() * 1000),
+        )
+    )  # fmt: skip
+    wait_for(lambda: broker_messages(live)["live"] == 0, what="handled")
+    [dead] = ledger.dead_letters()
+    assert dead["key"] == effect.key and "idempotency window" in dead["reason"]
+    assert "ledger time" in dead["reason"]
+    assert live.stats()["executions"] == {}
+    assert ledger.get(effect.key) is None
 
 
 # -- a ledger that cannot answer never kills a message (issue 15, items 6 and 14) ----------

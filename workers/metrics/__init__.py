@@ -72,7 +72,7 @@ DEAD_LETTER_REASONS = (
 #: The closed sets of values; "tool" and "queue" are the declared tools and queues.
 LABEL_VALUES: dict[str, frozenset[str]] = {
     "outcome": frozenset(
-        {"acquired", "duplicate", "conflict", "in_flight", "blocked", "unavailable"}
+        {"acquired", "duplicate", "conflict", "in_flight", "blocked", "stale", "unavailable"}
         | {"succeeded", "failed", "uncertain"}
     ),
     "stage": frozenset({"submit", "claim"}),
@@ -82,7 +82,9 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "reason": frozenset(DEAD_LETTER_REASONS),
 }
 
-CLAIM_OUTCOMES = ("acquired", "duplicate", "conflict", "in_flight", "blocked", "unavailable")
+CLAIM_OUTCOMES = (
+    "acquired", "duplicate", "conflict", "in_flight", "blocked", "stale", "unavailable",
+)  # fmt: skip
 EFFECT_OUTCOMES = ("succeeded", "failed", "uncertain")
 WORKER_OPS = ("claim", "commit", "fail", "handover")
 FENCED_OPS = ("commit", "fail", "handover", "heartbeat", "unknown")
