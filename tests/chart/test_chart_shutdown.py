@@ -144,7 +144,11 @@ def pod(
 def _prestop(variants: dict[str, Rendered]) -> list[str]:
     worker = container(variants["default"].one("Deployment", worker_name("default")))
     command: list[str] = worker["lifecycle"]["preStop"]["exec"]["command"]
-    return [sys.executable, *command[1:]]  # the image's python
+    # The image's python with nothing but the standard library (-S: no site-packages, -I:
+    # no user site, no PYTHONPATH): the image installs the core and its extras only, and
+    # this shell has every dev package (psutil among them), which hid a hook that imported
+    # one the image lacks.
+    return [sys.executable, "-I", "-S", *command[1:]]
 
 
 def test_prestop_drains_the_pool_before_the_kubelets_sigterm(
