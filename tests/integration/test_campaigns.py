@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from dedupe import CampaignStore, ConflictError
+from dedupe.errors import InvisibleCharacterError
 from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import get_tool, runtime
 from workers.campaign import campaign_status, submit_campaign
@@ -91,6 +92,26 @@ def test_invalid_recipients_are_rejected_one_by_one(live: LocalStack) -> None:
     assert [r["index"] for r in report.rejected] == [1, 2]
     assert "not an email address" in report.rejected[0]["reason"]
     assert all("nope" not in r["reason"] for r in report.rejected)
+
+
+def test_a_recipient_or_campaign_id_with_an_invisible_character_is_refused(
+    live: LocalStack,
+) -> None:
+    # "ana" and "ana" + U+200B would be two effects for one mailbox: each is refused, by
+    # index, never sent and never named.
+    people = ["ana@example.com", "ana\u200b@example.com", "ana@exam\ufe0fple.com",
+              "bob@example.com", "\u3164bob@example.com"]  # fmt: skip
+    report = submit_campaign("spring-invisible", "send_email", people, TEMPLATE)
+    assert (report.recipients, report.sent) == (2, 2)
+    assert [r["index"] for r in report.rejected] == [1, 2, 4]
+    assert all("holds a control, format, invisible" in r["reason"] for r in report.rejected)
+    assert all("ana" not in r["reason"] and "bob" not in r["reason"] for r in report.rejected)
+    sent = broker_messages(live)["live"]
+    with pytest.raises(InvisibleCharacterError):
+        submit_campaign("spring\u200b-invisible", "send_email", people[:1], TEMPLATE)
+    assert broker_messages(live)["live"] == sent
+    with pytest.raises(InvisibleCharacterError):
+        campaign_status("spring-\u2060invisible")
 
 
 def test_changed_list_is_a_conflict_unless_a_new_plan_version(live: LocalStack) -> None:
