@@ -8,12 +8,14 @@ import os
 import signal
 import time
 
+import httpx
 import psutil
 
 from dedupe import State
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
 from workers.dev.local import LocalStack
+from workers.dev.ports import free_port
 
 
 def _charge(scope: str) -> str:
@@ -60,7 +62,8 @@ def test_an_orphaned_worker_process_drains_its_call_and_the_supervisor_reports_i
     fenceless: LocalStack,
 ) -> None:
     fenceless.sandbox.configure(latency_ms=3000)
-    pool = fenceless.start_workers(1, 2)
+    port = free_port()
+    pool = fenceless.start_workers(1, 2, EFFECTQ_METRICS_PORT=str(port))
     [worker] = fenceless.wait_for_workers(1)
     key = _charge("order-orphaned-mid-call")
     ledger = runtime.ledger()
@@ -80,4 +83,6 @@ def test_an_orphaned_worker_process_drains_its_call_and_the_supervisor_reports_i
     )
     log = fenceless.log("workers.log")
     assert f"{worker}" in log.split("stray process", 1)[1].splitlines()[0], log[-3000:]
+    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert "effectq_worker_strays_total 1.0" in scraped.splitlines()
     assert pool.poll() is None
