@@ -92,6 +92,45 @@ def test_exact_money_past_28_digits_is_submitted_and_a_changed_last_digit_confli
 
 
 @pytest.mark.parametrize(
+    ("call", "field"),
+    [({"customer": "cus_1\u200b"}, "charge.customer: holds"),
+     ({"scope": "order-\u2060hostile"}, "charge: scope holds"),
+     ({"currency": "u\u017fd"}, "charge.currency: upper"),
+     ({"customer": "cus_\u180e1"}, "charge.customer: holds")],
+    ids=["zero-width-customer", "word-joiner-scope", "long-s-currency", "mongolian-separator"],
+)  # fmt: skip
+def test_an_invisible_character_in_an_identity_is_a_422_naming_the_field_never_the_value(
+    client: httpx.Client, live: LocalStack, call: dict[str, str], field: str
+) -> None:
+    # cus_1 and cus_1 + U+200B would be two customers, charged twice (issue 37, item 5).
+    body = _charge("10.00")
+    body["scope"] = call.pop("scope", body["scope"])
+    body["args"] = {**body["args"], **call}
+    response = client.post("/v1/tool-calls", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid"
+    assert response.json()["message"].startswith(field), response.text
+    _no_echo(response, "cus_1\u200b", "\u2060", "u\u017fd", "\u180e")
+    assert broker_messages(live)["live"] == 0
+
+
+def test_a_campaign_id_with_an_invisible_character_is_a_422(
+    client: httpx.Client, live: LocalStack
+) -> None:
+    spec = {
+        "campaign_id": "hostile\u200b-2",
+        "tool": "charge",
+        "args": {"amount": "10.00", "currency": "usd"},
+        "recipients": ["cus_1", "cus_2"],
+    }
+    response = client.post("/v1/campaigns", json=spec)
+    assert response.status_code == 422, response.text
+    assert response.json()["message"].startswith("campaign id holds"), response.text
+    _no_echo(response, "hostile\u200b")
+    assert broker_messages(live)["live"] == 0
+
+
+@pytest.mark.parametrize(
     "raw",
     [b'{"tool": "set_value", "scope": "s", "args": {"target": "t", "value": ' + CARD.encode()
      + b"}}",
