@@ -39,6 +39,7 @@ from dedupe import EffectqError, IdentityError, LedgerError
 from ..guard import Guarded, Outcome, guarded
 from ..registry import tools
 from ._checks import ERROR_STATUSES, MAX_ARGUMENT_BYTES, refusal
+from .upstream import Upstream, connect
 
 try:
     import anyio
@@ -81,12 +82,22 @@ def idempotency_key(params: types.CallToolRequestParams) -> str | None:
     return found if isinstance(found, str) else ""
 
 
+_AT_MOST_ONCE = (
+    "A side effect, made at most once per request: calling again with the same arguments "
+    "returns the original result and does not repeat it."
+)
+_GUARDED = types.ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True)
+
+
 class McpFace:
     """The served tools and what one call does: transport-free (the server and the tests
     drive it), synchronous (the SDK runs it in a worker thread)."""
 
-    def __init__(self, options: McpOptions | None = None) -> None:
+    def __init__(self, options: McpOptions | None = None, upstream: Upstream | None = None) -> None:
         self.options = options or McpOptions()
+        # Proxy mode: the guarded tools are the upstream's side-effecting ones; the upstream's
+        # other tools pass through (workers.agents.upstream).
+        self.upstream = upstream
         names = self.options.tools or tuple(t.name for t in tools())
         self.guards: dict[str, Guarded] = {
             name: guarded(name, timeout=self.options.timeout) for name in names
@@ -102,19 +113,34 @@ class McpFace:
         # A stdio server process is one session unless the client's config names a durable one.
         self._process_session = uuid.uuid4().hex
 
+    def fronted(self, tool: types.Tool) -> types.Tool:
+        """An upstream tool as the proxy lists it: its schema cut to the declared fields
+        (the key argument effectq fills in is not the model's), nothing else accepted."""
+        guard = self.guards[tool.name]
+        declared = guard.tool.spec.fields
+        schema = dict(tool.inputSchema)
+        schema["properties"] = {
+            k: v for k, v in (schema.get("properties") or {}).items() if k in declared
+        }
+        schema["required"] = [r for r in schema.get("required") or [] if r in declared]
+        schema["additionalProperties"] = False
+        return tool.model_copy(
+            update={
+                "description": f"{tool.description or guard.name}\n\n{_AT_MOST_ONCE}",
+                "inputSchema": schema,
+                # The answer is effectq's ({status, key, receipt, replayed}), not the tool's.
+                "outputSchema": None,
+                "annotations": _GUARDED,
+            }
+        )
+
     def listed(self) -> list[types.Tool]:
         return [
             types.Tool(
                 name=guard.name,
-                description=(
-                    f"{guard.description}\n\nA side effect, made at most once per request: "
-                    "calling again with the same arguments returns the original result and "
-                    "does not repeat it."
-                ),
+                description=f"{guard.description}\n\n{_AT_MOST_ONCE}",
                 inputSchema=guard.args_schema.model_json_schema(),
-                annotations=types.ToolAnnotations(
-                    readOnlyHint=False, destructiveHint=True, idempotentHint=True
-                ),
+                annotations=_GUARDED,
             )
             for guard in self.guards.values()
         ]
@@ -214,7 +240,22 @@ def build_server(face: McpFace) -> Server[Any, Any]:
     server: Server[Any, Any] = Server("effectq", version=version("effectq"))
 
     async def list_tools(_request: types.ListToolsRequest) -> types.ServerResult:
-        return types.ServerResult(types.ListToolsResult(tools=face.listed()))
+        if face.upstream is None:
+            return types.ServerResult(types.ListToolsResult(tools=face.listed()))
+        async with connect(face.upstream) as upstream:
+            theirs = (await upstream.list_tools()).tools
+        listed = [face.fronted(t) if t.name in face.guards else t for t in theirs]
+        return types.ServerResult(types.ListToolsResult(tools=listed))
+
+    async def pass_through(name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
+        assert face.upstream is not None
+        try:
+            async with connect(face.upstream) as upstream:
+                return await upstream.call_tool(name, arguments)
+        except Exception as exc:
+            log.warning("upstream call failed: %s", type(exc).__name__)
+            text = "the upstream server did not answer; nothing is known of this call."
+            return _refused(text, status="unavailable")
 
     async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
         ctx = server.request_context
@@ -229,6 +270,8 @@ def build_server(face: McpFace) -> Server[Any, Any]:
         if not _CALLER.fullmatch(caller):
             caller = "anonymous"
         name, arguments = request.params.name, request.params.arguments
+        if face.upstream is not None and name not in face.guards:  # read-only: untouched
+            return types.ServerResult(await pass_through(name, arguments))
 
         def run() -> types.CallToolResult:
             return face.call(name, arguments, key=key, caller=caller, session=session)

@@ -61,6 +61,15 @@ def mcp(
             help="name a tool's requests by these declared arguments (a business id)",
         ),
     ] = None,
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            metavar="CONFIG",
+            help="proxy mode: front the MCP server this JSON file names, guarding the tools it "
+            "marks side-effecting (workers run them: EFFECTQ_TOOLS=workers.agents.upstream, "
+            "EFFECTQ_MCP_UPSTREAM=CONFIG)",
+        ),
+    ] = None,
     wait: Annotated[
         float,
         typer.Option(
@@ -85,16 +94,25 @@ def mcp(
     logs.setup(cfg)  # stderr: stdout is the stdio transport's
     tracing.configure(cfg)
     install(Runtime.from_settings(cfg))
-    load_tools(cfg)
+    proxied = None
+    if upstream is None:
+        load_tools(cfg)
+    else:
+        from ..agents import upstream as proxy
+
+        proxied = proxy.load_config(upstream)
+        proxy.declare(proxied)
     ledger_from_settings(cfg)  # refuse to start on a ledger that cannot be trusted (no AOF)
+    served = tuple(_tool(t) for t in tool or ()) or tuple(proxied.tools if proxied else ())
     try:
         face = McpFace(
             McpOptions(
-                tools=tuple(_tool(t) for t in tool or ()),
+                tools=served,
                 timeout=wait,
                 session=session,
                 scope_from=_scope_from(scope_from or []),
-            )
+            ),
+            upstream=proxied.upstream if proxied else None,
         )
     except ValueError as exc:  # a served tool or a scope field not declared: names only
         fail(2, f"mcp: {exc}")
