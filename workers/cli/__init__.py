@@ -10,7 +10,8 @@ Start-up is kept short (``effectq --help``, an operator polling ``inspect``): th
 imports typer and nothing of effectq's; each verb imports what it runs when it runs. Its
 modules: ``_app`` (the application, the error boundary, output), ``params`` (parameter
 types and the wiring every verb shares), ``run`` (the long-running verbs), ``effects`` (one
-effect at a time), ``incidents`` (dead letters, audit, re-check), ``campaigns``.
+effect at a time), ``incidents`` (dead letters, audit, re-check), ``campaigns``, ``agents``
+(``effectq mcp``).
 """
 
 # The verbs register themselves on `app` as they are imported, in the order `--help` lists
