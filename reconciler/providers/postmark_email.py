@@ -67,10 +67,11 @@ class PostmarkEmail:
         page_size: int = PAGE_MAX,
         max_pages: int = 20,
         timeout_s: float = 10.0,
+        skew_s: float = 5.0,
     ) -> None:
         self._token = server_token
         self._api_base = api_base
-        self.search = Method("Postmark message search", settle_s, retention_s)
+        self.search = Method("Postmark message search", settle_s, retention_s, skew_s)
         self.page_size = min(page_size, PAGE_MAX)
         self.max_pages = max_pages
         self.timeout_s = timeout_s

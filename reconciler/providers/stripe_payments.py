@@ -11,7 +11,8 @@ whole window on its own earns NotFound:
 1. the object ids recorded so far (late receipts) → retrieve: read-after-write, no lag;
 2. Search on ``metadata['effectq_key']``: "under normal operating conditions, data is
    searchable in less than a minute" and "up to an hour behind during outages" (the SDK's
-   own docstring), so it is only asked once the claim is older than ``search_settle_s``;
+   own docstring), so its "not found" counts only once the claim is older than
+   ``search_settle_s``;
 3. Events ``payment_intent.created`` since the claim, matched on
    ``request.idempotency_key``: no search index behind it, but Stripe keeps events for 30
    days and the list is paginated (every page read, or Unavailable).
@@ -72,11 +73,12 @@ class StripePaymentIntents:
         events_retention_s: float = 30 * DAY,
         page_limit: int = 100,
         max_pages: int = 20,
+        skew_s: float = 5.0,
     ) -> None:
         self._api_key = api_key
         self._api_base = api_base
-        self.search = Method("Stripe Search", search_settle_s, 10 * 365 * DAY)
-        self.events = Method("Stripe Events", events_settle_s, events_retention_s)
+        self.search = Method("Stripe Search", search_settle_s, 10 * 365 * DAY, skew_s)
+        self.events = Method("Stripe Events", events_settle_s, events_retention_s, skew_s)
         self.page_limit = page_limit
         self.max_pages = max_pages
         self._client: stripe.StripeClient | None = None
@@ -153,10 +155,9 @@ class StripePaymentIntents:
     def _methods(self, effect: LookupContext) -> Iterator[LookupResult]:
         if evidence(effect):
             yield self._by_id(effect)
-        if why := self.search.window(effect):
-            yield Unavailable(why, self.search.settles_at_ms(effect))
-        else:
-            yield self._by_search(effect)
+        # Both are asked inside their settle windows too: they may find the intent; only
+        # their "not found" waits for the window (``judge``).
+        yield self._by_search(effect)
         yield self._by_events(effect)
 
     def _by_id(self, effect: LookupContext) -> LookupResult:
@@ -198,8 +199,6 @@ class StripePaymentIntents:
     def _by_events(self, effect: LookupContext) -> LookupResult:
         import stripe
 
-        if why := self.events.window(effect):
-            return Unavailable(why, self.events.settles_at_ms(effect))
         wanted = self.provider_key(effect.idempotency_key)
         since = int((effect.claimed_ms / 1000) - self.events.skew_s)
 

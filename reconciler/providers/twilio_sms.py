@@ -63,13 +63,14 @@ class TwilioSms:
         retention_s: float = 400 * DAY,
         page_size: int = 100,
         max_pages: int = 20,
+        skew_s: float = 5.0,
     ) -> None:
         self._sid = account_sid
         self._token = auth_token
         self._api_base = api_base
         self.status_callback = status_callback
         self.sid_for = sid_for
-        self.scan_method = Method("Twilio message list", settle_s, retention_s)
+        self.scan_method = Method("Twilio message list", settle_s, retention_s, skew_s)
         self.page_size = page_size
         self.max_pages = max_pages
         self._client: Any = None

@@ -18,9 +18,11 @@ from tests.providers.fakes.postmark_fake import PostmarkFake
 from tests.providers.fakes.stripe_fake import StripeFake
 from tests.providers.fakes.twilio_fake import TwilioFake
 
-#: Every lookup method's settle window in the suite, and the lag the fakes show (inside it).
+#: Every lookup method's settle window in the suite, the lag the fakes show (inside it), and
+#: the clock skew allowed for (one clock here).
 SETTLE_S = 1.0
 LAG_S = 0.6
+SKEW_S = 0.5
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Harness:
 
 
 def _stripe_partial(fake: Any) -> None:
+    fake.search_lag_s = 3600.0  # the search index is behind (an outage)
     fake.page_cap = 1
 
 
@@ -59,7 +62,7 @@ STRIPE = Harness(
     make_adapter=lambda url, **o: StripePaymentIntents(
         "sk_test_fake",
         api_base=url,
-        **{"search_settle_s": SETTLE_S, "events_settle_s": SETTLE_S, **o},
+        **{"search_settle_s": SETTLE_S, "events_settle_s": SETTLE_S, "skew_s": SKEW_S, **o},
     ),
     spec=ToolSpec(name="stripe_charge", identity=("order",), bound=("amount", "currency")),
     args=lambda i: {"order": f"o-{i}", "amount": 1000 + i, "currency": "usd"},
@@ -72,7 +75,7 @@ STRIPE = Harness(
         payment_method="pm_card_visa",
     ),
     keyed=True,
-    # Inside Search's settle window only Events can answer; 1 event a page, 2 pages read.
+    # Search behind and inside its settle window: Events must answer, 1 a page, 2 read.
     partial=_stripe_partial,
     partial_overrides={"search_settle_s": 3600.0, "max_pages": 2},
     others_for_partial=3,
@@ -87,7 +90,7 @@ POSTMARK = Harness(
     name="postmark",
     make_fake=PostmarkFake,
     make_adapter=lambda url, **o: PostmarkEmail(
-        "server-token", api_base=url + "/", **{"settle_s": SETTLE_S, **o}
+        "server-token", api_base=url + "/", **{"settle_s": SETTLE_S, "skew_s": SKEW_S, **o}
     ),
     spec=ToolSpec(
         name="postmark_receipt",
@@ -123,7 +126,7 @@ TWILIO = Harness(
         "auth-token",
         api_base=url,
         status_callback="https://hooks.example.com/twilio/status",
-        **{"settle_s": SETTLE_S, **o},
+        **{"settle_s": SETTLE_S, "skew_s": SKEW_S, **o},
     ),
     spec=ToolSpec(name="twilio_sms", identity=("order",), bound=("to", "sender", "body")),
     args=lambda i: {
