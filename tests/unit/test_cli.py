@@ -143,7 +143,6 @@ def test_inspect_imports_the_ledger_but_not_the_worker_path() -> None:
 # -- bad input -----------------------------------------------------------------------------
 
 KEYED = {
-    "inspect": [],
     "audit": [],
     "revoke": ["--actor", "ops", "--reason", "r"],
     "supersede": ["--actor", "ops", "--reason", "r"],
@@ -175,10 +174,23 @@ def test_a_malformed_key_is_refused_in_one_line_without_a_traceback(verb: str, k
     assert "64 lowercase hex digits" in line
 
 
+NOT_A_PREFIX = {
+    name: key
+    for name, key in MALFORMED_KEYS.items()
+    if not (12 <= len(key) <= 64 and set(key) <= set("0123456789abcdef"))
+}
+
+
+@pytest.mark.parametrize("key", list(NOT_A_PREFIX.values()), ids=list(NOT_A_PREFIX))
+def test_inspect_refuses_what_is_neither_a_key_nor_the_prefix_logs_print(key: str) -> None:
+    line = assert_one_line_refusal(run(["inspect", key]), secret=key or None)
+    assert "first 12 or more lowercase hex digits" in line
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.text(min_size=1, max_size=200).filter(lambda s: not s.startswith("-")))
 def test_any_key_but_64_lowercase_hex_is_refused(key: str) -> None:
-    result = run(["inspect", key])
+    result = run(["revoke", key, "--actor", "ops", "--reason", "r"])
     if len(key) == 64 and set(key) <= set("0123456789abcdef"):
         assert result.exit_code == 7  # got as far as the (unreachable) ledger
     else:
@@ -351,6 +363,10 @@ INCIDENT_INPUT = {
     "recheck --tool bad": ["recheck", "--tool", "secret tool", "--actor", "a", "--reason", "r"],
     "recheck without --tool": ["recheck", "--actor", "a", "--reason", "r"],
     "recheck an empty range": [*RECHECK, "--since", "2027-01-02", "--until", "2027-01-01"],
+    "recheck without --actor": ["recheck", "--tool", "charge", "--reason", "r"],
+    "deadletters --reason bad": ["deadletters", "--reason", "secret-reason"],
+    "audit KEY and --key apart": ["audit", KEY, "--key", "b" * 64],
+    "a duration over a year": ["deadletters", "--since", "53w"],
 }  # fmt: skip
 
 
@@ -361,5 +377,12 @@ def test_bad_input_to_the_incident_tools_is_one_line_and_exit_2(argv: list[str])
 
 def test_the_incident_tools_reach_the_ledger_with_good_input() -> None:
     for argv in (["deadletters", "--since", "600"], ["audit", KEY, "--since",
-                 "2027-01-01T00:00:00+02:00"], ["list", "--since", "60", "--json"]):  # fmt: skip
+                 "2027-01-01T00:00:00+02:00"], ["list", "--since", "60", "--json"],
+                 # What the runbooks paste: durations, --reason, --key, a dry run without
+                 # --actor, the 12 digits a log line prints.
+                 ["deadletters", "--since", "1h", "--reason", "retries_exhausted"],
+                 ["list", "--since", "15m"], ["audit", "--key", KEY, "--since", "1h30m"],
+                 ["recheck", "--tool", "charge", "--since", "2026-01-01T10:00Z", "--until",
+                  "2d", "--dry-run"],
+                 ["inspect", "a" * 12]):  # fmt: skip
         assert_one_line_refusal(run(argv), code=7)  # got as far as the (unreachable) ledger

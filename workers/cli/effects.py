@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -28,12 +29,32 @@ from .params import (
 
 
 @app.command()
-def inspect(key: Key, as_json: Json = False) -> None:
+def inspect(
+    key: Annotated[
+        str,
+        typer.Argument(
+            metavar="KEY",
+            callback=_prefix,
+            help="the effect's key, or its first 12+ hex digits (as log lines print it)",
+        ),
+    ],
+    as_json: Json = False,
+) -> None:
     """Show one effect: state, token, receipt, raw response, late receipts, decisions."""
-    from ..verbs import inspect as read
+    from .. import verbs
 
-    record = read(_reader(), key)
+    ops = _reader()
+    if len(key) < 64:
+        found = verbs.find_keys(ops, key, limit=2)
+        if not found:
+            fail(6, "no effect's key starts with these digits")
+        if len(found) > 1:
+            fail(2, "more than one effect's key starts with these digits: give more of them")
+        key = found[0].key
+    record = verbs.inspect(ops, key)
     document = record.as_dict()
+    for entry in document["history"]:
+        entry["at"] = _iso(entry["at_ms"])
     if as_json:
         emit(document)
         return
@@ -42,9 +63,14 @@ def inspect(key: Key, as_json: Json = False) -> None:
     rows += [
         ("late", f"token {r['token']} {json.dumps(r['receipt'])}") for r in record.late_receipts
     ]
-    rows += [("history", f"{h.at_ms} {h.state} t{h.token} {h.note}") for h in record.history]
+    rows += [("history", f"{_iso(h.at_ms)} {h.state} t{h.token} {h.note}") for h in record.history]
     for label, text in rows:
         line(f"{label:>11}: {text}")
+
+
+def _iso(at_ms: int) -> str:
+    """A ledger time (server ms) as an on-call reads it: ISO 8601, UTC, to the millisecond."""
+    return datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 @app.command(name="list")
@@ -60,11 +86,40 @@ def list_(
         str | None,
         typer.Option(metavar="HEX", callback=_prefix, help="an effect key or its first 12+ digits"),
     ] = None,
+    pending: Annotated[
+        bool,
+        typer.Option(
+            "--pending",
+            help="keys only a broker message stands for (a pending marker, no held record)",
+        ),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """List effects by state (default: everything not yet settled); --since / --cursor page
-    through the indexed states (a JSON object with next_cursor), --key searches."""
+    through the indexed states (a JSON object with next_cursor), --key searches, --pending
+    shows the keys that hold only a pending marker."""
     from dedupe import State
+
+    if pending:
+        if state or key or since is not None or cursor is not None:
+            fail(2, "--pending lists markers alone (drop --state / --key / --since / --cursor)")
+        from .. import verbs as door
+
+        ops_of, _ = _clock()
+        markers = door.pending_markers(ops_of(), limit=limit)
+        markers = [m for m in markers if tool is None or m["tool"] in (None, tool)]
+        if as_json:
+            emit(markers)
+            return
+        table(
+            ("key", "state", "message", "confirmed", "ttl_s"),
+            (
+                (m["key"], m["state"], m["message_id"], "yes" if m["confirmed"] else "reserved",
+                 "" if m["ttl_ms"] is None else f"{m['ttl_ms'] / 1000:.0f}")
+                for m in markers
+            ),
+        )  # fmt: skip
+        return
 
     try:
         wanted = State(state.upper()) if state else None

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterator
+from functools import cache
+from typing import Annotated, Any
 
 import typer
 import typer.core
 
-from ._app import app, emit, fail, line, table, words
+from ._app import _Refused, app, emit, fail, line, table, words
 from .params import (
-    Actor,
     Cursor,
     Json,
     Limit,
-    Reason,
     Since,
     ToolName,
+    Until,
     _clock,
     _install,
     _maybe_key,
@@ -25,10 +26,60 @@ from .params import (
 )
 
 
+def _kind(value: str | None) -> str | None:
+    from ..metrics import DEAD_LETTER_REASONS
+
+    if value is not None and value not in DEAD_LETTER_REASONS:
+        raise _Refused(f"must be one of {', '.join(DEAD_LETTER_REASONS)}")
+    return value
+
+
+def _kind_of(entry: dict[str, Any]) -> str:
+    """The bounded reason of a dead-letter entry (``effectq_dead_letters_total``'s label),
+    read back from the text the worker recorded: "unknown tool ...", "<ExceptionType>:
+    ...", or "rejected" (``broker.middleware``), the exception's type classified as
+    ``dead_letter_kind`` classifies the exception itself."""
+    from ..broker.dead_letters import UNDECODABLE
+
+    reason = str(entry.get("reason", ""))
+    if entry.get("tool") == UNDECODABLE:
+        return "undecodable"
+    if reason.startswith("unknown tool "):
+        return "unknown_tool"
+    if reason == "rejected":
+        return "other"
+    return _kinds().get(reason.partition(":")[0], "retries_exhausted")
+
+
+@cache
+def _kinds() -> dict[str, str]:
+    """effectq's exception types by name → their dead-letter reason."""
+    from dedupe import EffectqError
+
+    from ..broker.middleware import dead_letter_kind
+
+    def tree(cls: type[BaseException]) -> Iterator[type[BaseException]]:
+        yield cls
+        for sub in cls.__subclasses__():
+            yield from tree(sub)
+
+    # An instance without __init__ is enough: the classifier reads only its type.
+    return {cls.__name__: dead_letter_kind(cls.__new__(cls)) for cls in tree(EffectqError)}
+
+
 @app.command()
 def deadletters(
     since: Since = None,
     tool: ToolName = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(
+            metavar="REASON",
+            callback=_kind,
+            help="only this reason: conflict, invalid_message, unknown_tool, stale, rejected, "
+            "retries_exhausted, undecodable, other",
+        ),
+    ] = None,
     limit: Limit = 100,
     cursor: Cursor = None,
     as_json: Json = False,
@@ -39,7 +90,10 @@ def deadletters(
     verbs.stream_cursor(cursor)
     ops, now_ms = _clock()
     since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
-    page = verbs.dead_letters(ops(), since_ms=since_ms, tool=tool, cursor=cursor, limit=limit)
+    if reason is None:
+        page = verbs.dead_letters(ops(), since_ms=since_ms, tool=tool, cursor=cursor, limit=limit)
+    else:
+        page = _of_kind(ops(), reason, since_ms=since_ms, tool=tool, cursor=cursor, limit=limit)
     if as_json:
         emit(page)
         return
@@ -51,11 +105,43 @@ def deadletters(
     _more(page["next_cursor"])
 
 
+def _of_kind(
+    ops: Any,
+    kind: str,
+    *,
+    since_ms: int | None,
+    tool: str | None,
+    cursor: str | None,
+    limit: int,
+) -> dict[str, Any]:
+    """A page of the dead letters of one reason: the stream's pages read on until ``limit``
+    match (or it ends); the cursor goes on after the last one shown."""
+    from .. import verbs
+
+    found: list[dict[str, Any]] = []
+    while True:
+        page = verbs.dead_letters(
+            ops, since_ms=since_ms, tool=tool, cursor=cursor, limit=verbs.MAX_PAGE
+        )
+        for entry in page["dead_letters"]:
+            if _kind_of(entry) == kind:
+                found.append(entry)
+                if len(found) == limit:
+                    return {"dead_letters": found, "next_cursor": entry["id"]}
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return {"dead_letters": found, "next_cursor": None}
+
+
 @app.command()
 def audit(
     key: Annotated[
         str | None,
         typer.Argument(metavar="KEY", callback=_maybe_key, help="one effect's whole trail"),
+    ] = None,
+    key_option: Annotated[
+        str | None,
+        typer.Option("--key", metavar="KEY", callback=_maybe_key, help="the same as KEY"),
     ] = None,
     since: Since = None,
     actor: Annotated[str | None, typer.Option(metavar="NAME", help="this actor's only")] = None,
@@ -66,6 +152,9 @@ def audit(
     """The audit stream, newest first: operator actions and refusals (or one effect's)."""
     from .. import verbs
 
+    if key is not None and key_option is not None and key != key_option:
+        fail(2, "KEY and --key name two effects: give one")
+    key = key or key_option
     if actor is not None and not 0 < len(actor) <= 200:
         fail(2, "--actor: must be 1 to 200 characters")
     verbs.stream_cursor(cursor)
@@ -88,22 +177,24 @@ def audit(
 @app.command()
 def recheck(
     tool: Annotated[str, typer.Option(metavar="TOOL", callback=_tool, help="the tool's effects")],
-    actor: Actor,
-    reason: Reason,
-    since: Annotated[
+    actor: Annotated[
         str | None,
-        typer.Option(metavar="ISO|SECONDS", help="became UNKNOWN at or after (or seconds ago)"),
+        typer.Option(metavar="NAME", help="who acts (audited); not needed with --dry-run"),
     ] = None,
-    until: Annotated[
-        str | None,
-        typer.Option(metavar="ISO|SECONDS", help="became UNKNOWN at or before (or seconds ago)"),
+    reason: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="why (audited); not needed with --dry-run")
     ] = None,
+    since: Since = None,
+    until: Until = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count them; change nothing")] = False,
     as_json: Json = False,
 ) -> None:
-    """Send UNKNOWN effects of a tool back to the reconciler, which asks the provider again."""
+    """Send UNKNOWN effects of a tool back to the reconciler (which asks the provider again);
+    --since / --until: became UNKNOWN in that range."""
     from .. import verbs
 
+    if not dry_run and (actor is None or reason is None):
+        fail(2, "--actor and --reason are required (they go to the audit stream) unless --dry-run")
     _, now_ms = _clock()
     since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
     until_ms = verbs.parse_since(until, now_ms=now_ms, what="--until")
@@ -111,8 +202,9 @@ def recheck(
         fail(2, "--since is after --until: the range is empty")
     _install()
     document = verbs.recheck(
-        tool, since_ms=since_ms, until_ms=until_ms, actor=actor, reason=reason, dry_run=dry_run
-    )
+        tool, since_ms=since_ms, until_ms=until_ms, actor=actor or "-", reason=reason or "-",
+        dry_run=dry_run,
+    )  # fmt: skip
     if as_json:
         emit(document)
     elif dry_run:

@@ -183,11 +183,28 @@ def _maybe_tool(value: str | None) -> str | None:
     return None if value is None else _tool(value)
 
 
+_DURATION = re.compile(r"(?:[0-9]{1,9}(?:\.[0-9]{1,6})?[smhdw])+")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _time(value: str | None) -> str | None:
+    """A time as an on-call types it: ISO 8601, seconds ago, or a duration ago (``15m``,
+    ``1h``, ``1h30m``, ``2d``), the last turned into seconds for ``verbs.parse_since``."""
+    if value is None or not _DURATION.fullmatch(value.strip()):
+        return value
+    parts = re.findall(r"([0-9.]+)([smhdw])", value)
+    return f"{sum(float(n) * _UNIT_S[unit] for n, unit in parts):g}"
+
+
+_TIME_HELP = "ISO 8601 (UTC unless it says otherwise), seconds ago, or a duration ago: 15m, 1h, 2d"
 Since = Annotated[
     str | None,
-    typer.Option(metavar="ISO|SECONDS", help="from this time on (ISO 8601, UTC unless it "
-                 "says otherwise), or this many seconds ago"),
-]  # fmt: skip
+    typer.Option(metavar="TIME", callback=_time, help=f"from this time on: {_TIME_HELP}"),
+]
+Until = Annotated[
+    str | None,
+    typer.Option(metavar="TIME", callback=_time, help=f"up to this time: {_TIME_HELP}"),
+]
 Cursor = Annotated[
     str | None, typer.Option(metavar="CURSOR", help="go on from a previous page's cursor")
 ]
