@@ -496,7 +496,9 @@ end
 -- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
 -- may have been lost, and a second message for one effect is harmless (the claim decides).
 -- Reads the record, writes only the pending marker and counters: not a state transition.
--- Every answer is {status, state, token, receipt or '', generation, now}: the generation a
+-- Every answer is {status, state, token, receipt or '', generation, now, message id}: the
+-- message id is the confirmed marker's when that marker is why the answer is pending ('' else);
+-- the generation a
 -- message enqueued now is submitted for (the claim compares it): the record's, or g+1 on
 -- REVOKED / SUPERSEDED (a submission after a revoke opens the next generation), 0 if none;
 -- and the server's time, which the message carries so that its age is judged on this
@@ -515,8 +517,9 @@ OPS.submit = function()
   local s = rec and rec.s
   local generation = 0
   if rec then generation = (s == 'REVOKED' or s == 'SUPERSEDED') and rec.g + 1 or rec.g end
-  local function answer(status, receipt)
-    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation, now}
+  local function answer(status, receipt, holder)
+    return {status, s or 'ABSENT', rec and rec.t or 0, receipt or '', generation, now,
+      holder or ''}
   end
   local free = not rec or s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED'
   if not free then
@@ -547,7 +550,9 @@ OPS.submit = function()
   -- lost) answers as the first did: submit is safe to repeat per message id.
   if marker and not force and marker ~= own and string.sub(marker, -#RESERVED) ~= RESERVED then
     bump('dup_submit', tool)
-    return answer('pending')
+    -- The message the marker stands for: the producer may ask the broker whether it still
+    -- holds it (a broker that forgot leaves a marker standing for nothing).
+    return answer('pending', nil, string.sub(marker, #fph + 2))
   end
   if marker ~= own then redis.call('SET', K[4], own .. RESERVED, 'PX', pending_ms) end
   return answer('enqueue')

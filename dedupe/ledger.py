@@ -40,8 +40,9 @@ from .errors import (
     VolatileLedgerError,
 )
 from .identity import Effect
-from .records import Claim, EffectRecord, State, Submission, Takeover, Write
+from .records import Claim, EffectRecord, PendingMarker, State, Submission, Takeover, Write
 from .script import LedgerScript, Many, first_error
+from .states import CLAIMABLE
 
 __all__ = ["DEFAULT_BUCKETS", "Confirming", "Ledger", "Submitting", "ledger_error"]
 
@@ -710,12 +711,15 @@ class Ledger:
 
     # -- producer ---------------------------------------------------------------------
 
-    def submit(self, effect: Effect, *, message_id: str, pending_s: float) -> Submission:
+    def submit(
+        self, effect: Effect, *, message_id: str, pending_s: float, force: bool = False
+    ) -> Submission:
         """Decide whether a producer may enqueue ``effect``; on "enqueue" a pending marker
         (``message_id``, expiring after ``pending_s``) now stands for the message, which
-        must carry the answer's ``generation``. RecordTooLargeError, before anything is
+        must carry the answer's ``generation``. ``force``: enqueue despite a confirmed
+        marker (its message is known lost). RecordTooLargeError, before anything is
         written, for a request over the claim's bound."""
-        [answer] = self.submit_many([(effect, message_id)], pending_s=pending_s)
+        [answer] = self.submit_many([(effect, message_id)], pending_s=pending_s, force=force)
         return answer
 
     def submit_many(
@@ -814,6 +818,43 @@ class Ledger:
         """A pending marker stands for a message that may still run ``key``."""
         with self.guard(key):
             return self.client.get(self._pending_key(key)) is not None
+
+    def markers(self, *, limit: int = 100) -> list[PendingMarker]:
+        """Keys that hold a pending marker and no record a worker holds (none, FAILED,
+        REVOKED, SUPERSEDED): the effects only a broker message stands for, which no other
+        list shows. A SCAN of the keyspace: an operator's view, not a hot path."""
+        found: dict[str, tuple[str, str]] = {}
+        with self.guard():
+            for name in self.client.scan_iter(match=f"{{{self.namespace}:*}}:p:*", count=1000):
+                found[str(name).rsplit(":", 1)[1]] = ("", str(name))
+                if len(found) >= 20 * limit:
+                    break
+            pipe = self.client.pipeline(transaction=False)
+            for _key, marker_key in found.values():
+                pipe.get(marker_key)
+                pipe.pttl(marker_key)
+            replies = pipe.execute() if found else []
+        records = self.get_many(found)
+        out: list[PendingMarker] = []
+        for n, key in enumerate(found):
+            marker, ttl = replies[2 * n], replies[2 * n + 1]
+            record = records[key]
+            if marker is None or (record is not None and record.state not in CLAIMABLE):
+                continue
+            parts = str(marker).split("|")
+            out.append(
+                PendingMarker(
+                    key=key,
+                    state=record.state.value if record is not None else "ABSENT",
+                    tool=record.tool if record is not None else None,
+                    message_id=parts[1] if len(parts) > 1 else "",
+                    confirmed=len(parts) == 2,
+                    ttl_ms=int(ttl) if int(ttl) > 0 else None,
+                )
+            )
+            if len(out) >= limit:
+                break
+        return out
 
     def dead_letter(self, *, message_id: str, tool: str, key: str | None, reason: str) -> None:
         """Record why a message was dead-lettered (the broker keeps the message itself)."""

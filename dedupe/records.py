@@ -16,6 +16,7 @@ __all__ = [
     "Claim",
     "ClaimOutcome",
     "EffectRecord",
+    "PendingMarker",
     "State",
     "Submission",
     "SubmitStatus",
@@ -123,14 +124,37 @@ class Submission:
     generation: int = 0
     # The ledger's time at submit (ms): the message carries it; its age is judged on it.
     submitted_ms: int = 0
+    # pending because of a confirmed marker: the message id it stands for ('' otherwise),
+    # which the producer checks the broker still holds.
+    message_id: str = ""
 
     @classmethod
     def from_reply(cls, key: str, reply: list[Any]) -> Submission:
-        status, state, token, receipt, generation, now = reply
+        status, state, token, receipt, generation, now, message_id = reply
         return cls(
             SubmitStatus(status), key, str(state), int(token), _json_or_none(receipt),
-            int(generation), int(now),
+            int(generation), int(now), str(message_id),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PendingMarker:
+    """A key only a broker message stands for (``Ledger.markers``): its record's state
+    (ABSENT: none), the message id the marker names, whether the broker's acceptance
+    confirmed it (else a reservation), and the ms before it lapses."""
+
+    key: str
+    state: str
+    tool: str | None
+    message_id: str
+    confirmed: bool
+    ttl_ms: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "state": self.state, "tool": self.tool,
+            "message_id": self.message_id, "confirmed": self.confirmed, "ttl_ms": self.ttl_ms,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from dedupe.ledger import Confirming
 
 from . import tracing
 from .broker.fanout import Sending, send_many
-from .producer import finish_confirm, start_confirm
+from .producer import finish_confirm, pending_ttl_s, start_confirm
 from .registry import get_tool
 from .runtime import current
 from .tool import SUBMITTED_MS, EffectTool, Envelope
@@ -492,6 +492,7 @@ def _fan_out(
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
     actor = tool.actor
+    marker_ttl_s = pending_ttl_s(tool)
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
     # Every message continues the fan-out's trace (workers.tracing; none when it is off).
@@ -508,7 +509,7 @@ def _fan_out(
         # one batch of confirms unread at a time.
         finish_confirm(*confirming)
         pairs = [(effects[k], m.message_id) for k, m in zip(keys, messages, strict=True)]
-        confirming = (start_confirm(ledger, pairs, cfg.pending_ttl_s), len(pairs))
+        confirming = (start_confirm(ledger, pairs, marker_ttl_s), len(pairs))
         # Sent: a message exists for it, now or from an earlier submission (done, held by a
         # worker, awaiting reconciliation). A conflict was never sent under this plan.
         store.mark_sent(plan.campaign_id, plan.version, [*keys, *had], ttl_s=ttl_s)

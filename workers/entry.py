@@ -8,10 +8,12 @@ contract."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import sys
 
 from . import heartbeat, lifeline, logs, registry, tracing
+from .broker.redis import EffectqRedisBroker
 from .runtime import Runtime, install
 from .settings import Settings
 
@@ -31,3 +33,12 @@ _beat = heartbeat.from_environment(_settings.health_stall_s)
 if _beat is not None:
     runtime.broker.add_middleware(_beat)
 registry.load(runtime.settings.tools)
+# A broker that can forget an accepted message loses effects silently but for the pending
+# check at submit (producer: the broker is asked before "pending" is answered); say so.
+_broker = runtime.broker
+if isinstance(_broker, EffectqRedisBroker) and (_problem := _broker.durability_problem()):
+    logging.getLogger("effectq.broker").warning(
+        "the broker Redis %s: a restart or failover forgets accepted messages; a resubmission "
+        "sends them again, nothing else does. Enable appendonly on the broker Redis.",
+        _problem,
+    )

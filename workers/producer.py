@@ -29,6 +29,7 @@ from dedupe.failpoints import failpoint
 from dedupe.ledger import Confirming
 
 from . import tracing
+from .broker.redis import EffectqRedisBroker
 from .registry import get_tool
 from .runtime import Runtime, current
 from .tool import SUBMITTED_MS, EffectTool, Envelope
@@ -166,6 +167,25 @@ def _not_confirmed(count: int, exc: LedgerUnavailableError) -> None:
     log.warning("pending markers of %d enqueued messages not confirmed: %s", count, exc)
 
 
+def _forgotten(target: EffectTool, message_id: str) -> bool:
+    """The broker answers that it no longer holds ``message_id`` (only a Redis broker can
+    be asked; on RabbitMQ the confirmed marker is short and a worker keeps it alive while
+    the message is retried: ``Settings.unverifiable_pending_ttl_s``)."""
+    broker = target.actor.broker
+    if not isinstance(broker, EffectqRedisBroker):
+        return False
+    return not broker.holds(target.actor.queue_name, message_id)
+
+
+def pending_ttl_s(target: EffectTool) -> float:
+    """How long a confirmed marker answers "pending": ``pending_ttl_s`` where the broker
+    can be asked whether it still holds the message, else the short unverifiable TTL."""
+    cfg = target.runtime.settings
+    if isinstance(target.actor.broker, EffectqRedisBroker):
+        return cfg.pending_ttl_s
+    return min(cfg.pending_ttl_s, cfg.unverifiable_pending_ttl_s)
+
+
 def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:
     """Submit one call of ``tool`` for ``scope`` through the runtime ``tool`` is bound to
     (the current one if it is not bound yet). Bad arguments raise an IdentityError."""
@@ -187,6 +207,18 @@ def _submit(target: EffectTool, effect: Effect) -> Handle:
     answer = ledger.submit(
         effect, message_id=message.message_id, pending_s=cfg.pending_reservation_s
     )
+    if answer.message_id and _forgotten(target, answer.message_id):
+        # The marker stands for a message the broker no longer holds: nothing would ever
+        # run the effect. Send it now; should the old message exist after all, the claim
+        # makes the second one a duplicate.
+        log.warning(
+            "pending message %s of %s is not in the broker (lost): sending it again",
+            answer.message_id, effect.key[:12],
+        )  # fmt: skip
+        answer = ledger.submit(
+            effect, message_id=message.message_id, pending_s=cfg.pending_reservation_s,
+            force=True,
+        )  # fmt: skip
     if answer.status is SubmitStatus.ENQUEUE:
         # Same message id (the marker names it); it carries the ledger's time of this
         # submission (its age is judged on that clock) and the generation it is for.
@@ -202,7 +234,7 @@ def _submit(target: EffectTool, effect: Effect) -> Handle:
         except BaseException:
             ledger.clear_pending(effect.key)
             raise
-        confirm_pending(ledger, [(effect, message.message_id)], cfg.pending_ttl_s)
+        confirm_pending(ledger, [(effect, message.message_id)], pending_ttl_s(target))
         return Handle(
             target.name, effect.key, Status.ENQUEUED, message_id=message.message_id, runtime=rt
         )

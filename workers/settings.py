@@ -74,6 +74,11 @@ class Settings(BaseSettings):
     # message it lasts pending_ttl_s. A producer killed in between leaves nothing pending
     # for longer than this.
     pending_reservation_s: float = 10.0
+    # On a broker that cannot be asked whether it still holds a message (RabbitMQ), a
+    # confirmed marker answers "pending" for at most this long; a worker retrying the
+    # message renews it. A lost message is then sent again by the next submission after
+    # this long (a second message for one effect is harmless: the claim decides).
+    unverifiable_pending_ttl_s: float = 120.0
     # The reconciler: lookups that fail are retried with backoff (base * 2^round seconds,
     # at most 60) for this many rounds, then the effect is UNKNOWN.
     reconciler_budget: int = 5

@@ -379,6 +379,7 @@ class EffectTool:
                 state=str(claim.state),
             )
         if not claim.acquired:
+            self._renew_marker(effect, message_id)
             raise RetryLater(
                 f"effect is {claim.outcome.value} ({claim.state})",
                 key=effect.key,
@@ -410,6 +411,7 @@ class EffectTool:
                 self._record_failure(call, exc)
                 if isinstance(exc, RejectedError):
                     raise
+                self._renew_marker(effect, message_id)
                 raise RetryLater(
                     f"not executed: {exc}",
                     give_up=retries >= rt.settings.max_retries,
@@ -430,6 +432,23 @@ class EffectTool:
                 self._commit(call, result)
             log.debug("committed")  # the line names the effect (workers.logs)
         failpoint("after_commit")
+
+    def _renew_marker(self, effect: Effect, message_id: str) -> None:
+        """A message that will be delivered again still stands for its effect: on a broker
+        that cannot be asked whether it holds a message (RabbitMQ), renew its pending
+        marker (only this message's own: a confirm never writes another's). Best effort:
+        a marker that lapses lets the next submission send a second message, which the
+        claim makes a duplicate."""
+        rt = self.runtime
+        if isinstance(rt.broker, EffectqRedisBroker):
+            return  # the producer asks the broker itself
+        try:
+            rt.ledger().confirm_pending(
+                [(effect, message_id)],
+                min(rt.settings.pending_ttl_s, rt.settings.unverifiable_pending_ttl_s),
+            )
+        except EffectqError as exc:
+            log.debug("pending marker of %s not renewed: %s", effect.key[:12], exc)
 
     @contextmanager
     def _hold(self, key: str, token: int) -> Iterator[Held]:

@@ -224,6 +224,13 @@ def list_effects(
     return ops.list(state=state, tool=tool, limit=limit)
 
 
+def pending_markers(ops: Operator, *, limit: int = 100) -> list[dict[str, Any]]:
+    """Keys that only a broker message stands for (a pending marker, no record a worker
+    holds): what ``list --pending`` and the API show, so that an effect whose message the
+    broker lost is not invisible."""
+    return [m.as_dict() for m in ops.ledger.markers(limit=limit)]
+
+
 def expired_claims(ops: Operator, *, limit: int = 200) -> list[EffectRecord]:
     """Claims whose lease ran out, awaiting the reconciler (at most 8 per bucket)."""
     expired = ops.ledger.expired(limit=8)[:limit]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -134,11 +133,14 @@ class _RedisSending:
     def _send(self) -> None:
         broker = self.broker
         self.attempt += 1
-        # Each attempt under fresh Redis ids (as Dramatiq's enqueue does, Message.copy);
-        # constructed directly: copy's dataclasses.replace costs twice the CPU.
+        # Stored under their message ids (as EffectqRedisBroker.enqueue stores a first
+        # enqueue), so a producer can ask whether the broker still holds one. An attempt
+        # whose earlier try landed writes the same body again: one message, its id listed
+        # twice; Dramatiq skips the second fetch (no body left). Constructed directly:
+        # copy's dataclasses.replace costs twice the CPU.
         self.batch = [
             dramatiq.Message(m.queue_name, m.actor_name, m.args, m.kwargs,
-                             {**m.options, "redis_message_id": str(uuid.uuid4())},
+                             {**m.options, "redis_message_id": m.message_id},
                              m.message_id, m.message_timestamp)
             for m in self.chunk
         ]  # fmt: skip

@@ -161,6 +161,43 @@ class EffectqRedisBroker(RedisBroker):
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> _Consumer:
         return _Consumer(self, queue_name, prefetch, timeout)
 
+    def enqueue(
+        self, message: dramatiq.Message[Any], *, delay: int | None = None
+    ) -> dramatiq.Message[Any]:
+        """Dramatiq's enqueue, but a message's first enqueue (a producer's: no Redis id
+        yet, no retry, no delay) is stored under its own message id, so ``holds`` finds it
+        with one HEXISTS. Retries and delayed messages keep Dramatiq's fresh ids: one id in
+        two live places of one hash could be deleted by the other's ack."""
+        if delay is not None or "redis_message_id" in message.options:
+            return super().enqueue(message, delay=delay)
+        if message.options.get("retries"):
+            return super().enqueue(message, delay=delay)
+        message = message.copy(options={"redis_message_id": message.message_id})
+        self.emit_before("enqueue", message, delay)
+        self.do_enqueue(message.queue_name, message.message_id, message.encode())
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def holds(self, queue_name: str, message_id: str) -> bool:
+        """Whether the broker still has the first delivery of ``message_id``, queued or
+        fetched and not acked (``enqueue`` keys it by its message id). One round trip. A
+        broker that forgot it (a restart without persistence, a failover that missed the
+        write) answers False — and so does one that moved it to a retry, which lives
+        under another id: the caller then sends a second message, which the claim makes a
+        duplicate (never a second execution)."""
+        return bool(self.client.hexists(queue_hash(queue_name, self.namespace), message_id))
+
+    def durability_problem(self) -> str | None:
+        """Why this broker may forget an accepted message (no AOF), or None. A server that
+        will not say (INFO refused by an ACL) is reported as unknown."""
+        try:
+            info = self.client.info("persistence")
+        except redis.RedisError:
+            return "cannot read its persistence settings (INFO refused)"
+        if int(info.get("aof_enabled", 0)) != 1:
+            return "runs without AOF (appendonly no)"
+        return None
+
     def _should_do_maintenance(self, command: str) -> int:
         if getattr(self._forced, "on", False):
             return 1
