@@ -15,7 +15,13 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     ("adapter", "framework", "extra"),
-    [("crewai", "crewai", "crewai"), ("langchain", "langchain_core", "langchain")],
+    [
+        ("crewai", "crewai", "crewai"),
+        ("langchain", "langchain_core", "langchain"),
+        ("langchain_agent", "langchain", "langchain-agent"),
+        ("mcp", "mcp", "mcp"),
+        ("upstream", "mcp", "mcp"),
+    ],
 )
 def test_an_adapter_without_its_extra_says_which_extra_to_install(
     adapter: str, framework: str, extra: str
@@ -30,8 +36,9 @@ def test_an_adapter_without_its_extra_says_which_extra_to_install(
 
 def test_the_core_and_the_guard_import_no_agent_framework() -> None:
     done = _python(
-        "import sys, workers, workers.guard, workers.agents; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'crewai', 'langchain_core'}))"
+        "import sys, workers, workers.guard, workers.agents, workers.agents.resume; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'crewai', 'langchain_core', 'langchain', 'langgraph', 'mcp'}))"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

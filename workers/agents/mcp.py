@@ -39,7 +39,6 @@ from dedupe import EffectqError, IdentityError, LedgerError
 from ..guard import Guarded, Outcome, guarded
 from ..registry import tools
 from ._checks import ERROR_STATUSES, MAX_ARGUMENT_BYTES, refusal
-from .upstream import Upstream, connect
 
 try:
     import anyio
@@ -47,6 +46,9 @@ try:
     from mcp.server.lowlevel import Server
 except ImportError as exc:  # pragma: no cover - the extra's own message
     raise ImportError("workers.agents.mcp needs the MCP SDK: pip install 'effectq[mcp]'") from exc
+
+# After the SDK's own check, so that a missing SDK is named for this module.
+from .upstream import Upstream, connect
 
 __all__ = ["McpFace", "McpOptions", "build_server", "http_app", "idempotency_key", "serve_stdio"]
 
