@@ -59,6 +59,7 @@ _LONG_FIRST = (
     "tests/integration/test_workers.py",  # 89
     "tests/agents/test_crewai.py",  # 64
     "tests/integration/test_durability.py",  # 60
+    "tests/agents/test_mcp.py",  # 50 (serial, this session's runs)
     "tests/chaos/",  # 50 in one test
 )
 
