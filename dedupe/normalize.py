@@ -97,8 +97,8 @@ def _strip(value: Any) -> str:
     return _text(value).strip()
 
 
-# Default_Ignorable_Code_Point (DerivedCoreProperties.txt, unchanged from Unicode 9 to 16;
-# tests/unit/test_identity_invisible.py holds it to an independent reading of the UCD):
+# Default_Ignorable_Code_Point as DerivedCoreProperties.txt lists it since Unicode 14 (U+180F
+# joined then; tests/unit/test_identity_invisible.py holds it to the regex module's UCD):
 # code points a renderer shows as nothing. Some are letters or marks by category (fillers,
 # variation selectors, the grapheme joiner), and the reserved ranges are refused before
 # anything is assigned there.
@@ -155,10 +155,10 @@ def _upper(value: Any) -> str:
     # upper() merges more than case: a long s → S, ß → SS, ﬀ → FF, a dotless i → I, the micro
     # sign → a capital mu, a titlecase digraph → its capital — spellings no provider takes
     # for one ("usd" with a long s is not "USD" to it). So a letter is accepted only where it
-    # and its capital are one simple case pair (é/É; ASCII always), the merge
-    # the normalizer is named for, and refused otherwise rather than kept as written:
-    # re-spelling it would move every key it had, and a DONE effect submitted again after
-    # an upgrade would not find its record. What is accepted keeps the key upper() gave it.
+    # and its capital are one simple case pair (é/É; ASCII always), the merge the normalizer
+    # is named for, and refused otherwise rather than kept as written: re-spelling it would
+    # move every key it had, and a DONE effect submitted again after an upgrade would not
+    # find its record. What is accepted keeps the key upper() gave it.
     text = _visible(_strip(value))
     if not text.isascii() and not all(map(_simple_case, text)):
         raise CanonicalizationError(
