@@ -9,6 +9,7 @@ require("mcp", "mcp")
 
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -165,7 +166,7 @@ HOSTILE = [
     {"tool": "charge", "args": {**ORDER, "scope": CANARY}},
     {"tool": "charge", "args": {**ORDER, "idempotency_key": CANARY}},
     # a key the client sends that cannot name anything, an unknown tool
-    {"tool": "charge", "args": ORDER, "key": f"{CANARY} \n"},
+    {"tool": "charge", "args": ORDER, "key": f"{CANARY} \n", "key_in": "meta"},
     {"tool": f"charge_{CANARY}", "args": ORDER},
 ]
 
@@ -180,8 +181,9 @@ def test_hostile_input_is_refused_unechoed_and_nothing_is_submitted(live: LocalS
         assert CANARY not in answer["text"] and "\u0430mount" not in answer["text"]
     assert "scope cannot be set by a tool call" in answers[7]["text"]
     assert broker_messages(live)["live"] == 0
+    # No record and no pending marker: every key naming an effect carries its 64-hex key.
     ledger_keys = redis.Redis.from_url(live.ledger_url).keys("*")
-    assert [k for k in ledger_keys if not k.endswith(b":layout")] == []
+    assert [k for k in ledger_keys if re.search(rb"[0-9a-f]{64}", k)] == []
     assert live.stats()["total"] == 0
 
 
@@ -201,6 +203,11 @@ def test_http_needs_a_bearer_token_with_the_submit_scope(
         answer = httpx.post(server.url, json=body, headers=headers)
         assert answer.status_code == status, header
         assert TOKEN not in answer.text and "wrong" not in answer.text
+    # The Idempotency-Key header names the request on HTTP (this one cannot name anything).
+    plan = {"http": {"url": server.url, "token": TOKEN}, "deadline": 0}
+    call = {"tool": "charge", "args": ORDER, "key": "no spaces allowed", "key_in": "header"}
+    [refused] = run_client({**plan, "calls": [call]})
+    assert "idempotency key is not usable" in refused["text"] and refused["is_error"] is True
 
 
 def test_the_scope_is_the_key_then_the_business_id_then_the_session(stack: LocalStack) -> None:
