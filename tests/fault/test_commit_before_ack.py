@@ -48,8 +48,9 @@ def test_a_fenced_commit_leaves_the_message_alive_and_it_comes_back_a_duplicate(
 def test_a_commit_the_ledger_refuses_leaves_the_message_alive(
     fenceless: LocalStack, own_ledger: RedisServer
 ) -> None:
-    env = {"EFFECTQ_REDIS_URL": own_ledger.url}
-    fenceless.start_workers(1, 2, EFFECTQ_FAILPOINTS="before_commit=sleep:2", **env)
+    fenceless.start_workers(
+        1, 2, EFFECTQ_FAILPOINTS="before_commit=sleep:2", EFFECTQ_REDIS_URL=own_ledger.url
+    )
     key = _charge("order-refused-commit")
     ledger = runtime.ledger()
     wait_for(lambda: fenceless.stats()["total"] == 1, what="the effect executed")
@@ -69,7 +70,7 @@ def test_a_commit_the_ledger_refuses_leaves_the_message_alive(
         admin.config_set("min-replicas-to-write", 0)
     # The claim's lease runs out; the reconciler finds the effect and records it; the
     # message, still alive, comes back a duplicate.
-    fenceless.start_reconciler(**env)
+    fenceless.start_reconciler(EFFECTQ_REDIS_URL=own_ledger.url)
     wait_states(ledger, [key], timeout=30)
     wait_for(lambda: _duplicates(ledger) >= 1, what="the message back after the refused commit")
     wait_for(lambda: broker_messages(fenceless) == DRAINED, what="the duplicate acked")
