@@ -44,7 +44,21 @@ from .records import Claim, EffectRecord, PendingMarker, State, Submission, Take
 from .script import LedgerScript, Many, first_error
 from .states import CLAIMABLE
 
-__all__ = ["DEFAULT_BUCKETS", "Confirming", "Ledger", "Submitting", "ledger_error"]
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "LEDGER_FORMAT",
+    "SCHEMA_KEY",
+    "Confirming",
+    "Ledger",
+    "Submitting",
+    "ledger_error",
+]
+
+#: The ledger's version record: one per Redis (every namespace on it), never expires.
+SCHEMA_KEY = "effectq:ledger"
+#: The layout and record format this release writes and reads (the version record's
+#: ``format``); a ledger written by a newer release is refused.
+LEDGER_FORMAT = 1
 
 DEFAULT_BUCKETS = 256
 # Failover and resharding answers: the call did not run; the next one can.
@@ -443,47 +457,103 @@ class Ledger:
         """Refuse to work on a ledger laid out otherwise (UPGRADING, "settings that must never
         change"): every key is derived from the namespace and the bucket count, so a change
         of either on a ledger that holds records makes every recorded effect invisible and
-        lets it run again. The namespace keeps its bucket count in ``<namespace>:layout``;
-        a namespace with no such key and no key of its own is new, and is refused where
-        another namespace's layout key is there (a namespace renamed) unless
-        ``allow_new_namespace`` (a second deployment on one ledger, on purpose). Records of
-        this namespace written before the layout key existed (or by a producer before the
-        first worker started) are adopted. A ledger of 0.1.0 renamed during the upgrade is
-        not seen: it has no layout key yet."""
-        layout = f"{self.namespace}:layout"
+        lets it run again.
+
+        The ledger's version record (``effectq:ledger``, a hash: ``format``, and
+        ``ns:<namespace>`` -> bucket count for every namespace that uses it) is written when
+        a namespace first uses the ledger. A format newer than this release's is refused. A
+        namespace the record does not name is accepted when it owns keys already (its own
+        records, or the previous release's ``<namespace>:layout``) or when the ledger holds
+        nothing; on a ledger with other namespaces it is refused — unless
+        ``allow_new_namespace`` (a second deployment on purpose) on a versioned ledger. A
+        ledger written before versions existed that holds only other namespaces' keys is
+        refused whatever the setting, until an operator adopts the namespace
+        (``adopt_namespace``: ``effectq ledger adopt``, audited)."""
         with self.guard():
-            stored = self.client.get(layout)
-            if stored is None and not allow_new_namespace:
-                # Any key of this namespace (a record, a pending marker, a counter) makes the
-                # ledger ours; else another namespace's layout key says it was renamed. The
-                # scans run once per namespace, and to the end only where there is no key of
-                # ours.
-                ours = next(self.client.scan_iter(match=f"{{{self.namespace}:*", count=1000), None)
-                other = None
-                if ours is None:
-                    other = next(
-                        (
-                            k
-                            for k in self.client.scan_iter(match="*:layout", count=1000)
-                            if k != layout
-                        ),
-                        None,
-                    )
-                if other is not None:
-                    raise LayoutChangedError(
-                        f"namespace {self.namespace!r} is new on a ledger laid out for another "
-                        "namespace: a changed EFFECTQ_NAMESPACE would let every recorded effect "
-                        "run again. Restore the namespace, or set EFFECTQ_ALLOW_NEW_NAMESPACE=true "
-                        "for a second deployment on this ledger."
-                    )
+            schema = {str(k): str(v) for k, v in self.client.hgetall(SCHEMA_KEY).items()}
+            known = int(schema.get("format", "0") or 0)
+            if known > LEDGER_FORMAT:
+                raise LayoutChangedError(
+                    f"the ledger was written by a newer release (format {known}; this release "
+                    f"knows {LEDGER_FORMAT}): upgrade this process, or roll the ledger back"
+                )
+            stored = schema.get(f"ns:{self.namespace}")
             if stored is None:
-                self.client.set(layout, str(self.buckets), nx=True)
-                stored = self.client.get(layout)
-        if stored is not None and int(stored) != self.buckets:
+                stored = self._legacy_layout()
+            if stored is None:
+                if self._owns_keys():
+                    stored = str(self.buckets)  # its own records, from before any layout key
+                elif self._foreign_keys(schema):
+                    if not schema:
+                        raise LayoutChangedError(
+                            f"namespace {self.namespace!r} owns nothing on a ledger that holds "
+                            "another namespace's records and no version record (written before "
+                            "versions): a changed EFFECTQ_NAMESPACE would let every recorded "
+                            "effect run again. Restore the namespace, or adopt this one on "
+                            "purpose: effectq ledger adopt --namespace NS --actor A --reason R"
+                        )
+                    if not allow_new_namespace:
+                        raise LayoutChangedError(
+                            f"namespace {self.namespace!r} is new on a ledger laid out for "
+                            "another namespace: a changed EFFECTQ_NAMESPACE would let every "
+                            "recorded effect run again. Restore the namespace, or set "
+                            "EFFECTQ_ALLOW_NEW_NAMESPACE=true for a second deployment on this "
+                            "ledger."
+                        )
+                self._register(str(self.buckets))
+                stored = str(self.buckets)
+            elif f"ns:{self.namespace}" not in schema:
+                self._register(stored)
+        if int(stored) != self.buckets:
             raise LayoutChangedError(
                 f"namespace {self.namespace!r} was laid out in {int(stored)} buckets, not "
                 f"{self.buckets}: a changed bucket count moves every key. Restore it."
             )
+
+    def adopt_namespace(self, *, actor: str, reason: str) -> dict[str, Any]:
+        """Register this namespace in the ledger's version record on an operator's word
+        (``effectq ledger adopt``): the one way a namespace that owns nothing is accepted on
+        a ledger written before versions existed. Audited; refused for a namespace laid out
+        in another bucket count."""
+        with self.guard():
+            stored = self.client.hget(SCHEMA_KEY, f"ns:{self.namespace}")
+            stored = stored if stored is not None else self._legacy_layout()
+            if stored is not None and int(stored) != self.buckets:
+                raise LayoutChangedError(
+                    f"namespace {self.namespace!r} was laid out in {int(stored)} buckets, not "
+                    f"{self.buckets}: a changed bucket count moves every key. Restore it."
+                )
+            self._register(str(self.buckets))
+        result = f"namespace {self.namespace} adopted, {self.buckets} buckets"
+        self.audit(action="ledger_adopt", actor=actor, reason=reason, result=result)
+        return {"namespace": self.namespace, "buckets": self.buckets, "format": LEDGER_FORMAT}
+
+    def _legacy_layout(self) -> str | None:
+        found = self.client.get(f"{self.namespace}:layout")
+        return None if found is None else str(found)
+
+    def _owns_keys(self) -> bool:
+        return (
+            next(self.client.scan_iter(match=f"{{{self.namespace}:*", count=1000), None) is not None
+        )
+
+    def _foreign_keys(self, schema: Mapping[str, str]) -> bool:
+        """Another namespace uses this ledger: named in the version record, laid out by the
+        previous release (``<ns>:layout``), or holding effect keys (``{<ns>:<bucket>}``)."""
+        if any(k.startswith("ns:") and k != f"ns:{self.namespace}" for k in schema):
+            return True
+        for pattern in ("*:layout", "{*:*}:*"):
+            if next(self.client.scan_iter(match=pattern, count=1000), None) is not None:
+                return True
+        return False
+
+    def _register(self, buckets: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(SCHEMA_KEY, "format", LEDGER_FORMAT)
+        pipe.hsetnx(SCHEMA_KEY, f"ns:{self.namespace}", buckets)
+        # The previous release reads this during a rolling upgrade.
+        pipe.set(f"{self.namespace}:layout", buckets, nx=True)
+        pipe.execute()
 
     def check_durability(self) -> None:
         """Refuse a Redis that can forget a record: without AOF, or evicting keys under

@@ -168,7 +168,7 @@ class Operator:
         [since_ms, until_ms] back to the reconciler, which asks the provider again (a
         fresh lookup budget; its decision as for any takeover). Each effect's recheck is
         audited on its trail, the whole run once more; ``dry_run`` only counts."""
-        _check_words(actor, reason)
+        check_words(actor, reason)
         spec = self.specs.get(tool)
         if spec is None or spec.lookup is None:
             why = "is not declared here" if spec is None else "has no lookup"
@@ -253,7 +253,7 @@ class Operator:
         """Send the stored request again, only where a claim would be granted; ``enqueue``
         submits it (the workers' producer) and returns its submit status. Going through
         submit makes it a submission after the revoke: its message opens generation n+1."""
-        _check_words(actor, reason)
+        check_words(actor, reason)
         record = self.inspect(key)
         if record.state not in CLAIMABLE or record.request is None:
             message = (
@@ -283,7 +283,7 @@ class Operator:
         receipt: Mapping[str, Any] | None = None,
         override_evidence: bool = False,
     ) -> Write:
-        _check_words(actor, reason)
+        check_words(actor, reason)
         record = self.inspect(key)
         spec = self.specs.get(record.tool)
         retention = spec.retention_s if spec else DEFAULT_RETENTION_S
@@ -354,7 +354,7 @@ def _read_cursor(cursor: str | None, indexes: list[str]) -> tuple[str, tuple[int
     return index, (int(score), key)
 
 
-def _check_words(actor: str, reason: str) -> None:
+def check_words(actor: str, reason: str) -> None:
     for name, value in (("actor", actor), ("reason", reason)):
         if not value or not value.strip():
             raise OperatorError(f"an operator action needs a non-empty {name}")

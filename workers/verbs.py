@@ -35,6 +35,7 @@ __all__ = [
     "campaign_job",
     "campaign_status",
     "dead_letters",
+    "dead_queue",
     "effects",
     "effects_page",
     "expired_claims",
@@ -72,6 +73,20 @@ def reader(cfg: Settings) -> Operator:
     from .settings import ledger_from_settings
 
     return Operator(ledger_from_settings(cfg))
+
+
+def adopt_namespace(cfg: Settings, *, actor: str, reason: str) -> dict[str, Any]:
+    """``effectq ledger adopt``: register ``cfg.namespace`` in the ledger's version record
+    on an operator's word (the upgrade of a ledger written before versions existed, whose
+    records no namespace check can attribute), audited with actor and reason."""
+    from dedupe import Ledger
+    from reconciler.operator import check_words
+
+    check_words(actor, reason)
+    ledger = Ledger.from_url(
+        cfg.redis_url, namespace=cfg.namespace, allow_volatile=cfg.allow_volatile_ledger
+    )
+    return ledger.adopt_namespace(actor=actor, reason=reason)
 
 
 def inspect(ops: Operator, key: str) -> EffectRecord:
@@ -442,3 +457,78 @@ def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
 
     status = operator().replay(key, actor=actor, reason=reason, enqueue=enqueue)
     return {"key": key, "status": status}
+
+
+# -- the dead-letter queues ---------------------------------------------------------------
+
+_MESSAGE_ID = re.compile(r"[0-9a-f-]{36}")
+
+
+def dead_queue(
+    action: str,
+    *,
+    message_ids: list[str],
+    everything: bool = False,
+    tool: str | None = None,
+    queues: list[str] | None = None,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """``requeue --json`` / ``purge --json``: dead messages (``message_ids``, or all of them
+    with ``everything``, those of ``tool`` only) moved back onto their queue with a fresh
+    retry budget, or dropped, from ``queues`` (default: every declared tool's queue). Each
+    one is audited on its effect's trail, and the run once more; ``dry_run`` only counts.
+    The Redis broker only: RabbitMQ's dead letters are its queue ``<queue>.XQ``."""
+    from .broker.dead_queue import DeadLetterQueue
+    from .broker.redis import EffectqRedisBroker
+    from .registry import tools
+    from .runtime import current
+
+    if action not in ("requeue", "purge"):
+        raise MessageError("a dead-letter action is requeue or purge")
+    if bool(message_ids) == everything:
+        raise MessageError(f"{action}: name the messages, or --all (one or the other)")
+    if any(not _MESSAGE_ID.fullmatch(m) for m in message_ids):
+        raise MessageError(f"{action}: a message id is 36 characters of hex and dashes")
+    if not dry_run:
+        for name, value in (("actor", actor), ("reason", reason)):
+            if not value.strip() or len(value) > 1000:
+                raise OperatorError(f"{action}: {name} must be 1 to 1000 characters")
+    rt = current()
+    broker = rt.broker
+    if not isinstance(broker, EffectqRedisBroker):
+        raise MessageError(f"{action} needs the Redis broker (RabbitMQ: its queue <queue>.XQ)")
+    names = queues or sorted({t.actor.queue_name for t in tools()} | {rt.settings.queue})
+    wanted = set(message_ids) or None
+    done: list[str] = []
+    refused: list[str] = []
+    matched = 0
+    seen: set[str] = set()
+    for queue in names:
+        dead = DeadLetterQueue(broker.client, queue, broker.namespace)
+        for letter in dead.letters(tool=tool, ids=wanted):
+            matched += 1
+            seen.add(letter.message_id)
+            if dry_run:
+                continue
+            if action == "requeue" and not letter.tool:
+                outcome = "refused: undecodable (purge it)"
+            elif (dead.requeue if action == "requeue" else dead.purge)(letter.message_id):
+                outcome = f"ok: {'back on' if action == 'requeue' else 'dropped from'} {queue}"
+            else:
+                outcome = "refused: no longer dead"
+            (done if outcome.startswith("ok") else refused).append(letter.message_id)
+            rt.ledger().audit(
+                action=f"deadletter_{action}", key=letter.key, actor=actor, reason=reason,
+                outcome=f"{outcome} (message {letter.message_id})",
+            )  # fmt: skip
+    if not dry_run:
+        rt.ledger().audit(
+            action=f"deadletter_{action}", key="", actor=actor, reason=reason,
+            outcome=f"ok: {len(done)} of {matched}",
+        )  # fmt: skip
+    return {
+        "matched": matched, f"{action}d": done, "refused": refused,
+        "not_found": sorted((wanted or set()) - seen), "dry_run": dry_run,
+    }  # fmt: skip

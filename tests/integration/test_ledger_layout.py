@@ -4,6 +4,7 @@ and let it run again (UPGRADING, "the settings that must never change")."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from dedupe import LayoutChangedError, Ledger
+from dedupe.ledger import LEDGER_FORMAT, SCHEMA_KEY
 from tests.support.ledgers import charge
 from workers.dev.redis_server import RedisServer
 from workers.settings import Settings, ledger_from_settings
@@ -89,9 +91,58 @@ def test_effectq_worker_refuses_to_start_on_a_renamed_namespace(
     assert "namespace 'renamed' is new" in line and "Traceback" not in done.stderr
 
 
-def test_a_ledger_shared_with_namespaces_that_never_registered_is_not_refused(
+def test_a_ledger_written_before_versions_refuses_a_namespace_owning_none_of_its_records(
     redis_server: RedisServer,
 ) -> None:
-    # Keys of other namespaces, none with a layout (embedding code, 0.1.0): not a rename.
+    """The upgrade hole (issue 37, item 6): records of the previous release, no version
+    record, no layout key. A process started under another namespace (a typo, the chart's
+    default) must not decide alone that the ledger is its own: every DONE effect would be
+    invisible to it and run again."""
+    old = Ledger.from_url(redis_server.url, namespace="shop")
+    effect = charge()
+    token = old.claim(effect, lease_s=30, holder="w/1").token
+    assert old.commit(effect.key, token, {"id": "ch_1"}, retention_s=600).ok
+    for allow in (False, True):  # not even "a second deployment on purpose" guesses here
+        with pytest.raises(LayoutChangedError, match="effectq ledger adopt --namespace"):
+            ledger_from_settings(_settings(redis_server, namespace="shopp",
+                                           allow_new_namespace=allow))  # fmt: skip
+    assert not redis_server.client().exists(SCHEMA_KEY)
+    # The namespace that owns the records is accepted, and the ledger gets its version.
+    ledger_from_settings(_settings(redis_server, namespace="shop"))
+    assert redis_server.client().hgetall(SCHEMA_KEY) == {
+        b"format": str(LEDGER_FORMAT).encode(), b"ns:shop": b"256",
+    }  # fmt: skip
+    with pytest.raises(LayoutChangedError, match="is new on a ledger laid out for another"):
+        ledger_from_settings(_settings(redis_server, namespace="shopp"))
+
+
+def test_ledger_adopt_registers_a_namespace_on_an_operators_word_and_audits_it(
+    redis_server: RedisServer,
+) -> None:
     Ledger.from_url(redis_server.url, namespace="embedded").claim(charge(), lease_s=30, holder="x")
-    ledger_from_settings(_settings(redis_server, namespace="effectq"))
+    with pytest.raises(LayoutChangedError, match="ledger adopt"):
+        ledger_from_settings(_settings(redis_server, namespace="effectq"))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("EFFECTQ_")},
+        "EFFECTQ_REDIS_URL": redis_server.url,
+        "EFFECTQ_ALLOW_VOLATILE_LEDGER": "true",
+    }
+    command = [sys.executable, "-m", "workers", "ledger", "adopt", "--namespace", "effectq"]
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr  # no actor / reason
+    done = subprocess.run(
+        [*command, "--actor", "sre", "--reason", "upgrade 0.2", "--json"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"namespace": "effectq", "buckets": 256, "format": 1}
+    ledger = ledger_from_settings(_settings(redis_server, namespace="effectq"))
+    [entry] = ledger.audit_log()
+    assert (entry["action"], entry["actor"], entry["reason"]) == ("ledger_adopt", "sre",
+                                                                  "upgrade 0.2")  # fmt: skip
+
+
+def test_a_ledger_of_a_newer_format_is_refused(redis_server: RedisServer) -> None:
+    redis_server.client().hset(SCHEMA_KEY, mapping={"format": LEDGER_FORMAT + 1, "ns:shop": 256})
+    with pytest.raises(LayoutChangedError, match="newer release"):
+        ledger_from_settings(_settings(redis_server, namespace="shop"))

@@ -17,7 +17,7 @@ effect at a time), ``incidents`` (dead letters, audit, re-check), ``campaigns``,
 # The verbs register themselves on `app` as they are imported, in the order `--help` lists
 # them.
 # isort: off
-from . import run, effects, incidents, campaigns, agents  # noqa: F401
+from . import run, effects, incidents, campaigns, agents, ledger  # noqa: F401
 
 # isort: on
 from ._app import RECONCILER_METRICS_PORT, app
