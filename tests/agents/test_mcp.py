@@ -226,3 +226,16 @@ def test_the_scope_is_the_key_then_the_business_id_then_the_session(stack: Local
     )
     with pytest.raises(ValueError, match="identity or bound fields only"):
         McpFace(McpOptions(scope_from={"send_email": ("subject",)}))
+
+
+def test_a_ledger_that_does_not_answer_is_an_unavailable_answer_naming_nothing(
+    stack: LocalStack, own_ledger: Any
+) -> None:
+    own_ledger.kill()
+    face = McpFace(McpOptions(timeout=1))
+    result = face.call("charge", ORDER, key="k-1", caller="agent")
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert result.isError is True and result.structuredContent is not None
+    assert result.structuredContent["status"] == "unavailable"
+    assert "may or may not have been submitted" in text
+    assert str(own_ledger.port) not in text and "127.0.0.1" not in text

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
-from dedupe import EffectqError, IdentityError, LedgerError
+from dedupe import IdentityError
 
 from ..guard import Guarded, Outcome, guarded
 from ..registry import tools
@@ -195,7 +195,7 @@ class McpFace:
             outcome = guard.invoke(args, runtime_scope=scope)
         except IdentityError as exc:  # a scope from the arguments with no canonical form
             return _refused(f"{guard.name} NOT executed: {exc.message}")
-        except (LedgerError, EffectqError) as exc:
+        except Exception as exc:  # the ledger or the broker: named by type, never by text
             log.warning("%s: effectq did not answer: %s", guard.name, type(exc).__name__)
             text = (
                 f"{guard.name}: effectq did not answer ({type(exc).__name__}); the call may or "
@@ -244,8 +244,12 @@ def build_server(face: McpFace) -> Server[Any, Any]:
     async def list_tools(_request: types.ListToolsRequest) -> types.ServerResult:
         if face.upstream is None:
             return types.ServerResult(types.ListToolsResult(tools=face.listed()))
-        async with connect(face.upstream) as upstream:
-            theirs = (await upstream.list_tools()).tools
+        try:
+            async with connect(face.upstream) as upstream:
+                theirs = (await upstream.list_tools()).tools
+        except Exception as exc:  # its address or its text stays out of the answer
+            log.warning("upstream tools/list failed: %s", type(exc).__name__)
+            return types.ServerResult(types.ListToolsResult(tools=face.listed()))
         listed = [face.fronted(t) if t.name in face.guards else t for t in theirs]
         return types.ServerResult(types.ListToolsResult(tools=listed))
 
