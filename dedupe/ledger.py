@@ -555,6 +555,24 @@ class Ledger:
         pipe.set(f"{self.namespace}:layout", buckets, nx=True)
         pipe.execute()
 
+    def fsync_policy(self) -> str | None:
+        """The ledger Redis's ``appendfsync`` (always / everysec / no; on a cluster the
+        weakest master's), or None when the server will not say (CONFIG refused)."""
+        order = {"always": 0, "everysec": 1, "no": 2}
+        try:
+            with self.guard():
+                if isinstance(self.client, redis.RedisCluster):
+                    replies = self.client.config_get(
+                        "appendfsync", target_nodes=redis.RedisCluster.PRIMARIES
+                    )
+                    values = [str(r) for r in replies.values()] if isinstance(replies, dict) else []
+                else:
+                    values = [str(self.client.config_get("appendfsync").get("appendfsync"))]
+        except LedgerError:
+            return None
+        known = [v for v in values if v in order]
+        return max(known, key=order.__getitem__) if known else None
+
     def check_durability(self) -> None:
         """Refuse a Redis that can forget a record: without AOF, or evicting keys under
         memory pressure (allkeys-*: a live claim; volatile-*: DONE records, which carry a
@@ -641,10 +659,17 @@ class Ledger:
                 return list(pipe.execute())
 
             reply, acked = self._script.again_if_lost(run)
-            if int(acked) < self.wait_replicas and op == "claim" and reply[0] == "acquired":
+            # Every write a failover could lose and that something acts on: a claim (its
+            # holder executes), a commit or fail (a duplicate is answered, a floor raised),
+            # a takeover, an operator's transition. Not acknowledged: "unavailable", and the
+            # caller retries (each of these is safe to repeat or leaves the record held).
+            if (
+                int(acked) < self.wait_replicas
+                and reply[0] in ("acquired", "ok")
+                and op in ("claim", "commit", "fail", "takeover", "operate", "unknown")
+            ):
                 raise LedgerUnavailableError(
-                    f"claim acknowledged by {acked} of {self.wait_replicas} replicas",
-                    key=key,
+                    f"{op} acknowledged by {acked} of {self.wait_replicas} replicas", key=key
                 )
         return list(reply)
 

@@ -120,6 +120,10 @@ class ToolSpec:
     retention_s: float = DEFAULT_RETENTION_S
     settle_s: float = 5.0
     lookup: Lookup | None = None
+    # Whether the provider deduplicates by the idempotency key effectq sends: the last guard
+    # when the ledger forgets an acknowledged write (appendfsync everysec/no on a host
+    # crash). A tool whose provider does not refuses such a ledger (workers.settings).
+    provider_idempotency: bool = False
 
     def __post_init__(self) -> None:
         if self.action not in self.actions:

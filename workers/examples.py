@@ -98,6 +98,7 @@ _lease_s, _settle_s = _declared.example_lease_s, _declared.example_settle_s
     actions=("reminder", "notice"),
     normalizers={"recipient": "email"},
     lookup=_lookup,
+    provider_idempotency=True,  # the sandbox honours Idempotency-Key
     lease_s=_lease_s,
     settle_s=_settle_s,
 )
@@ -111,6 +112,7 @@ def send_email(call: EffectCall, recipient: str, subject: str = "", body: str = 
     bound=("customer", "amount", "currency"),
     normalizers={"customer": "id", "amount": "money", "currency": "upper"},
     lookup=_lookup,
+    provider_idempotency=True,  # the sandbox honours Idempotency-Key
     lease_s=_lease_s,
     settle_s=_settle_s,
 )
@@ -124,6 +126,7 @@ def charge(call: EffectCall, customer: str, amount: str, currency: str) -> ToolR
     bound=("value",),
     normalizers={"target": "id"},
     lookup=_lookup,
+    provider_idempotency=True,  # the sandbox honours Idempotency-Key
     lease_s=_lease_s,
     settle_s=_settle_s,
 )

@@ -3,15 +3,16 @@ process starts (``Settings()``) and handed on: nothing reads it again behind the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from dedupe import Ledger
+    from dedupe import Ledger, ToolSpec
 
-__all__ = ["Settings", "ledger_from_settings"]
+__all__ = ["Settings", "check_lost_writes", "ledger_from_settings"]
 
 
 class Settings(BaseSettings):
@@ -25,6 +26,16 @@ class Settings(BaseSettings):
     namespace: str = "effectq"
     tools: str = Field(default="workers.examples", description="module declaring the tools")
     allow_volatile_ledger: bool = False
+    # A ledger that can lose an acknowledged write on a host crash (appendfsync everysec or
+    # no, without wait_replicas) is refused for a tool whose provider does not deduplicate
+    # by key (ToolSpec.provider_idempotency) unless this is set: the operator's explicit
+    # acceptance of that window (README, "What each setting can lose").
+    allow_lost_writes: bool = False
+    # WAIT for this many replicas after each ledger write (a claim, commit, fail, takeover
+    # or operator write they did not acknowledge is "ledger unavailable": retried), bounded
+    # by wait_timeout_ms.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 500
     # A namespace the ledger database does not know yet is refused where the database
     # already holds keys (a changed namespace would let every recorded effect run again):
     # true for a second deployment on one ledger, on purpose.
@@ -114,7 +125,37 @@ def ledger_from_settings(cfg: Settings) -> Ledger:
     from dedupe import Ledger
 
     ledger = Ledger.from_url(
-        cfg.redis_url, namespace=cfg.namespace, allow_volatile=cfg.allow_volatile_ledger
+        cfg.redis_url,
+        namespace=cfg.namespace,
+        allow_volatile=cfg.allow_volatile_ledger,
+        wait_replicas=cfg.wait_replicas,
+        wait_timeout_ms=cfg.wait_timeout_ms,
     )
     ledger.check_layout(allow_new_namespace=cfg.allow_new_namespace)
     return ledger
+
+
+def check_lost_writes(cfg: Settings, ledger: Ledger, specs: Iterable[ToolSpec]) -> None:
+    """Refuse (LedgerConfigError, one line naming the setting) to run a tool whose provider
+    does not deduplicate by key on a ledger that can lose an acknowledged write: with
+    appendfsync everysec or no, a host crash forgets up to about a second of claims,
+    commits and floor raises, and the next claim runs the effect again with nothing at the
+    provider to stop it. WAIT for replicas narrows that window; the operator may accept it
+    (EFFECTQ_ALLOW_LOST_WRITES). A server that will not say (CONFIG refused) is not
+    refused here: the durability check already demanded AOF."""
+    from dedupe import LedgerConfigError
+
+    if cfg.allow_lost_writes or cfg.wait_replicas > 0 or cfg.allow_volatile_ledger:
+        return
+    exposed = sorted(s.name for s in specs if not s.provider_idempotency)
+    if not exposed:
+        return
+    policy = ledger.fsync_policy()
+    if policy in (None, "always"):
+        return
+    raise LedgerConfigError(
+        f"the ledger Redis runs appendfsync {policy}: a host crash can forget acknowledged "
+        f"claims, and tool(s) {', '.join(exposed[:5])} declare no provider idempotency to "
+        "stop a second execution; set appendfsync always, EFFECTQ_WAIT_REPLICAS, or "
+        "EFFECTQ_ALLOW_LOST_WRITES=true"
+    )

@@ -563,6 +563,7 @@ def effect_tool(
     provider_window_s: float = DAY,
     retention_s: float = DEFAULT_RETENTION_S,
     settle_s: float = 5.0,
+    provider_idempotency: bool = False,
     lookup: Lookup | None = None,
     not_executed: tuple[type[BaseException], ...] = (),
     queue_name: str | None = None,
@@ -586,6 +587,7 @@ def effect_tool(
             retention_s=max(retention_s, provider_window_s),
             settle_s=settle_s,
             lookup=lookup,
+            provider_idempotency=provider_idempotency,
         )
         tool = EffectTool(
             f,

@@ -113,8 +113,8 @@ def worker(
     metrics_port: MetricsPort = None,
 ) -> None:
     """Run a supervised pool of Dramatiq worker processes for the tools in EFFECTQ_TOOLS."""
-    from .. import logs
-    from ..settings import ledger_from_settings
+    from .. import logs, registry
+    from ..settings import check_lost_writes, ledger_from_settings
     from ..supervisor import Supervisor
 
     cfg = _settings()
@@ -122,7 +122,9 @@ def worker(
     # A tools module that cannot be imported fails here, once, with exit 2 (a crash loop
     # the platform shows), not in every child the supervisor would restart for ever.
     load_tools(cfg)
-    ledger_from_settings(cfg)  # refuse to start on a ledger that cannot be trusted (no AOF)
+    # Refuse to start on a ledger that cannot be trusted (no AOF), or that can lose an
+    # acknowledged write under a tool whose provider would not catch the second execution.
+    check_lost_writes(cfg, ledger_from_settings(cfg), registry.specs().values())
     pool = Supervisor(
         cfg,
         processes=processes,
