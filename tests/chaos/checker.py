@@ -53,12 +53,15 @@ class Event:
     args: dict[str, Any] = field(default_factory=dict)
     status: str | None = None
     who: str = ""
+    # One submission's intent line and its answer line share it (the answer supersedes).
+    attempt: str = ""
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> Event:
         return cls(
             key=row["key"], kind=row["kind"], mono=float(row["mono"]), tool=row.get("tool", ""),
             args=row.get("args") or {}, status=row.get("status"), who=row.get("who", ""),
+            attempt=row.get("attempt", ""),
         )  # fmt: skip
 
 
@@ -85,6 +88,13 @@ def _received(tool: str, body: dict[str, Any]) -> dict[str, Any]:
     return {name: body.get(name) for name in BODY_FIELDS[tool].values()}
 
 
+def answered(events: list[Event]) -> list[Event]:
+    """The events without the intent lines whose answer was recorded: an intent stands
+    (as maybe-submitted) only when its producer died before hearing the answer."""
+    heard = {e.attempt for e in events if e.attempt and e.status is not None}
+    return [e for e in events if not (e.status is None and e.attempt in heard)]
+
+
 def generations(events: list[Event]) -> dict[int, list[Event]]:
     """Submissions by the generation they belong to: a void moves the count on once a
     submission follows it (a void with nothing after it opens nothing)."""
@@ -109,6 +119,7 @@ def check(
 ) -> Verdict:
     """``listed``: state -> keys ``effectq list --state S`` showed."""
     violations: list[str] = []
+    events = answered(events)
     per_key: dict[str, list[Event]] = defaultdict(list)
     for event in events:
         per_key[event.key].append(event)

@@ -65,3 +65,15 @@ def test_a_void_opens_a_generation_only_once_a_submission_follows() -> None:
     events = [charge("1", 1), Event(KEY, "void", 2), charge("2", 3, "conflict")]
     assert list(generations(events)) == [0]
     assert list(generations([*events, charge("3", 4)])) == [0, 1]
+
+
+def test_a_refused_submission_whose_intent_was_recorded_is_not_a_submission() -> None:
+    """The recorder writes an intent line before each submission and its answer after: a
+    conflict's intent must not stand for a submission of the refused values."""
+    intent = Event(KEY, "submit", 2, "charge", {"customer": "c1", "amount": "99.00",
+                   "currency": "EUR"}, None, attempt="x")  # fmt: skip
+    answer = Event(KEY, "submit", 2.1, "charge", intent.args, "conflict", attempt="x")
+    verdict = check([charge("1", 1), intent, answer], [ran(1, 0, "1")],
+                    {KEY: Final("DONE", 0, "eff_1")}, {"DONE": {KEY}})  # fmt: skip
+    assert verdict.violations == []
+    assert verdict.figures["submissions"] == 2
