@@ -21,6 +21,7 @@ Error map (``execute``): 400 (invalid number, unverified sender: Twilio's 21xxx 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -149,7 +150,9 @@ class TwilioSms:
         to, sender = effect.args.get("to"), effect.args.get("sender")
         if not isinstance(to, str) or not isinstance(sender, str):
             return Unavailable("the effect carries no 'to' and 'sender' to scan by")
-        start_s = effect.claimed_ms / 1000 - self.scan_method.skew_s
+        # Twilio's dates have whole seconds: a message sent in the claim's second reads
+        # as created at its start.
+        start_s = math.floor(effect.claimed_ms / 1000 - self.scan_method.skew_s)
         messages = self.client().messages
 
         def fetch(cursor: Any) -> Page[dict[str, Any]]:
