@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from dedupe import ConflictError, State
@@ -21,7 +22,7 @@ from workers.dev.local import LocalStack
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.M | re.S)
 PROSE = re.compile(r"`(eq [^`]+)`")
-PLACEHOLDER = re.compile(r"\b(KEY|TOOL|REASON|YOU|PREFIX)\b")
+PLACEHOLDER = re.compile(r"\b(KEY|TOOL|REASON|YOU|PREFIX|MESSAGE_ID)\b")
 
 
 def commands() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -68,7 +69,8 @@ def test_every_runbook_command_runs_without_a_usage_error(live: LocalStack) -> N
         message_id="m-1", tool="charge", key=key, reason=f"{type(conflict).__name__}: {conflict}",
         kind="conflict",
     )  # fmt: skip
-    values = {"KEY": key, "PREFIX": key[:12], "TOOL": "charge", "REASON": "conflict", "YOU": "sre"}
+    values = {"KEY": key, "PREFIX": key[:12], "TOOL": "charge", "REASON": "conflict", "YOU": "sre",
+              "MESSAGE_ID": str(uuid.uuid4())}  # fmt: skip
     effectq = shlex.quote(str(Path(sys.executable).parent / "effectq"))
     failures: list[str] = []
     for page, command in eq:

@@ -52,6 +52,7 @@ VERBS = [
     [], ["sandbox"], ["worker"], ["submit"], ["reconciler"], ["api"], ["inspect"], ["list"],
     ["resolve"], ["revoke"], ["supersede"], ["replay"], ["demo"], ["campaign"],
     ["campaign", "submit"], ["campaign", "status"], ["deadletters"], ["audit"], ["recheck"],
+    ["requeue"], ["purge"],
 ]  # fmt: skip
 
 
@@ -367,6 +368,10 @@ INCIDENT_INPUT = {
     "deadletters --reason bad": ["deadletters", "--reason", "secret-reason"],
     "audit KEY and --key apart": ["audit", KEY, "--key", "b" * 64],
     "a duration over a year": ["deadletters", "--since", "53w"],
+    "requeue nothing named": ["requeue", "--actor", "a", "--reason", "r"],
+    "requeue ids and --all": ["requeue", "0" * 36, "--all", "--actor", "a", "--reason", "r"],
+    "requeue a bad id": ["requeue", "secret-id", "--actor", "a", "--reason", "r"],
+    "purge without --actor": ["purge", "--all", "--reason", "r"],
 }  # fmt: skip
 
 

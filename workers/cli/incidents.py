@@ -174,16 +174,19 @@ def audit(
     _more(page["next_cursor"])
 
 
+_OptionalActor = Annotated[
+    str | None, typer.Option(metavar="NAME", help="who acts (audited); not needed with --dry-run")
+]
+_OptionalReason = Annotated[
+    str | None, typer.Option(metavar="TEXT", help="why (audited); not needed with --dry-run")
+]
+
+
 @app.command()
 def recheck(
     tool: Annotated[str, typer.Option(metavar="TOOL", callback=_tool, help="the tool's effects")],
-    actor: Annotated[
-        str | None,
-        typer.Option(metavar="NAME", help="who acts (audited); not needed with --dry-run"),
-    ] = None,
-    reason: Annotated[
-        str | None, typer.Option(metavar="TEXT", help="why (audited); not needed with --dry-run")
-    ] = None,
+    actor: _OptionalActor = None,
+    reason: _OptionalReason = None,
     since: Since = None,
     until: Until = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count them; change nothing")] = False,
@@ -214,3 +217,73 @@ def recheck(
         refused = f"; refused (resolved meanwhile): {words(document['refused'])}"
         line(f"rechecked {document['rechecked']} of {document['matched']} UNKNOWN {tool} "
              f"effects{refused if document['refused'] else ''}")  # fmt: skip
+
+
+_MessageIds = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="MESSAGE_ID", help="the messages (effectq deadletters shows them)"),
+]
+_All = Annotated[bool, typer.Option("--all", help="every dead message (of --tool, if given)")]
+_Queues = Annotated[
+    list[str] | None,
+    typer.Option("--queue", metavar="QUEUE", help="this queue's (default: every tool's queue)"),
+]
+_DryRun = Annotated[bool, typer.Option("--dry-run", help="count them; change nothing")]
+
+
+def _dead_queue(action: str, message_ids: list[str] | None, **options: Any) -> None:
+    from .. import verbs
+
+    as_json = options.pop("as_json")
+    if not options["dry_run"] and (options["actor"] is None or options["reason"] is None):
+        fail(2, "--actor and --reason are required (they go to the audit stream) unless --dry-run")
+    options["actor"] = options["actor"] or "-"
+    options["reason"] = options["reason"] or "-"
+    _install()
+    document = verbs.dead_queue(action, message_ids=message_ids or [], **options)
+    if as_json:
+        emit(document)
+        return
+    if document["dry_run"]:
+        line(f"dry run: {document['matched']} dead messages would be {action}d; nothing changed")
+        return
+    refused, missing = document["refused"], document["not_found"]
+    line(f"{action}d {len(document[action + 'd'])} of {document['matched']} dead messages"
+         + (f"; refused: {len(refused)}" if refused else "")
+         + (f"; not dead (any more): {len(missing)}" if missing else ""))  # fmt: skip
+
+
+@app.command()
+def requeue(
+    message_ids: _MessageIds = None,
+    everything: _All = False,
+    tool: ToolName = None,
+    queue: _Queues = None,
+    actor: _OptionalActor = None,
+    reason: _OptionalReason = None,
+    dry_run: _DryRun = False,
+    as_json: Json = False,
+) -> None:
+    """Put dead-lettered messages back on their queue, with a fresh retry budget (audited)."""
+    _dead_queue(
+        "requeue", message_ids, everything=everything, tool=tool, queues=queue, actor=actor,
+        reason=reason, dry_run=dry_run, as_json=as_json,
+    )  # fmt: skip
+
+
+@app.command()
+def purge(
+    message_ids: _MessageIds = None,
+    everything: _All = False,
+    tool: ToolName = None,
+    queue: _Queues = None,
+    actor: _OptionalActor = None,
+    reason: _OptionalReason = None,
+    dry_run: _DryRun = False,
+    as_json: Json = False,
+) -> None:
+    """Drop dead-lettered messages from the broker for good (audited)."""
+    _dead_queue(
+        "purge", message_ids, everything=everything, tool=tool, queues=queue, actor=actor,
+        reason=reason, dry_run=dry_run, as_json=as_json,
+    )  # fmt: skip
