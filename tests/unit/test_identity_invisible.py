@@ -505,3 +505,20 @@ def test_the_api_answers_422_naming_the_field_never_the_value() -> None:
         response = client.post("/v1/campaigns", json=campaign)
         assert response.status_code == 422, response.text
         assert response.json()["message"].startswith("campaign id holds"), response.text
+
+
+@pytest.mark.parametrize("char", INVISIBLE.values(), ids=INVISIBLE.keys())
+def test_the_agent_faces_refuse_by_the_same_rule_in_identity_and_bound_text(char: str) -> None:
+    # MCP and LangChain check a model's arguments before the guard (workers.agents._checks):
+    # the same set, so a variation selector or a Hangul filler is refused there too.
+    import workers.examples  # noqa: F401  (declares charge)
+    from workers import get_tool
+    from workers.agents._checks import refusal
+    from workers.guard import Guarded
+
+    guard = Guarded(get_tool("charge"), scope="order-1")
+    ok = {"customer": "cus_1", "amount": "10.00", "currency": "usd"}
+    assert refusal(guard, ok) is None
+    for name in ("customer", "currency"):
+        answer = refusal(guard, {**ok, name: ok[name][:2] + char + ok[name][2:]})
+        assert answer == f"{name} carries invisible or control characters.", answer

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dedupe.normalize import visible
+
 from ..guard import RESERVED_FIELDS, Guarded
 
 __all__ = ["ERROR_STATUSES", "MAX_ARGUMENT_BYTES", "refusal"]
@@ -39,8 +41,9 @@ def _scripts(text: str) -> set[str]:
 
 
 def _invisible(text: str) -> bool:
-    # Control, format (zero-width, joiners, BOM, bidi overrides), private-use, unassigned.
-    return any(unicodedata.category(c) in ("Cc", "Cf", "Co", "Cs", "Cn") for c in text)
+    # The identity's one rule (dedupe.normalize.visible): control, format, default-ignorable
+    # (a variation selector, a Hangul filler), private-use, unassigned — here for bound text too.
+    return not visible(text)
 
 
 def refusal(
