@@ -14,20 +14,27 @@ issue 37's hole 1.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
-from tests.chaos.checker import ENDS, Event, Final, Verdict, check
+from dedupe import idempotency_key
+from tests.chaos.checker import ACCEPTED, ENDS, Event, Final, Verdict, check
 from workers.dev.local import LocalStack
 from workers.dev.redis_server import RedisServer, default_redis_binary
 from workers.dev.sandbox import SandboxConfig
@@ -59,9 +66,10 @@ class Recorder:
         from workers import get_tool, submit
 
         key = get_tool(tool).derive(scope, args, None).key
-        self.write("submit", key, tool=tool, args=args, status=None, scope=scope)
+        fields = {"tool": tool, "args": args, "scope": scope, "attempt": uuid.uuid4().hex}
+        self.write("submit", key, status=None, **fields)
         handle = submit(tool, scope=scope, **args)
-        self.write("submit", key, tool=tool, args=args, status=handle.status.value, scope=scope)
+        self.write("submit", key, status=handle.status.value, **fields)
         return handle.status.value
 
 
@@ -128,11 +136,12 @@ class Deployment:
             return None
         args = request.get("args") or {}
         tool = record.tool if record is not None else ""
-        self.operator.write("replay", key, tool=tool, args=args, status=None)
+        attempt = uuid.uuid4().hex
+        self.operator.write("replay", key, tool=tool, args=args, status=None, attempt=attempt)
         code, out = self.cli("replay", key, "--actor", "chaos", "--reason", "bounced", "--json")
         # A refused replay sent nothing: recorded as refused (the checker skips it).
         status = json.loads(out)["status"] if code == 0 else "conflict"
-        self.operator.write("replay", key, tool=tool, args=args, status=status)
+        self.operator.write("replay", key, tool=tool, args=args, status=status, attempt=attempt)
         return status
 
     def resolve(self, key: str, executed: bool) -> int:
@@ -242,8 +251,6 @@ def voided_generation_scenario(workdir: Path) -> dict[str, Any]:
     FAILED g1; then the g0 message comes back (a second pool's maintenance requeues the dead
     worker's unacked message). The g1 retry waits ≥ 20 s, so the old message meets the FAILED
     record. Right: the old message changes nothing and 12.00 runs under the g1 key."""
-    from dedupe import idempotency_key
-
     # No maintenance pass by chance anywhere (this process's enqueue included): the old
     # message comes back exactly when the scenario runs one.
     dep = Deployment(
@@ -319,9 +326,435 @@ def voided_generation_scenario(workdir: Path) -> dict[str, Any]:
         dep.stop()
 
 
-if __name__ == "__main__":
+# -- the seeded workload -------------------------------------------------------------------
+
+LEASE_S = 3.0  # FAST_ENV's lease of the example tools
+# Four attempts: a fail-next of 5 leaves an effect FAILED (dead-lettered) for a replay; a
+# lookup outage makes an unestablished outcome UNKNOWN within seconds, for an operator.
+DEPLOYMENT_ENV = {
+    "EFFECTQ_MAX_RETRIES": "3",
+    "EFFECTQ_RECONCILER_BUDGET": "2",
+    "EFFECTQ_RECONCILER_BACKOFF_S": "0.5",
+}
+
+
+@dataclass
+class Effect:
+    """What the producer knows of one key: its call and whether an operator voided it
+    since its last submission."""
+
+    tool: str
+    scope: str
+    args: dict[str, Any]
+    voided: bool = False
+
+
+@dataclass
+class Workload:
+    """Effects and faults drawn from ``random.Random(seed)``, run against a
+    ``Deployment``; process timing decides the rest (which claim a SIGKILL meets)."""
+
+    args: argparse.Namespace
+    dep: Deployment
+    rng: random.Random
+    producer: Recorder
+    effects: dict[str, Effect] = field(default_factory=dict)
+    statuses: Counter[str] = field(default_factory=Counter)
+    steps: Counter[str] = field(default_factory=Counter)
+    operator: Counter[str] = field(default_factory=Counter)
+    fired: Counter[str] = field(default_factory=Counter)
+    fault_log: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stopped: list[psutil.Process] = field(default_factory=list)
+    arm_next: int = 0  # fail-next: the next new effects' first attempt gets a 503
+    retries: int = 0
+    t0: float = field(default_factory=time.monotonic)
+
+    def log(self, text: str) -> None:
+        if not self.args.quiet:
+            print(f"[{time.monotonic() - self.t0:7.2f}s] {text}", file=sys.stderr, flush=True)
+
+    # -- producer --------------------------------------------------------------------------
+
+    def submit(self, tool: str, scope: str, args: dict[str, Any], step: str) -> str | None:
+        """One submission, retried while the ledger is down (each try is recorded: the
+        ones that raised as maybe-submitted)."""
+        from dedupe import EffectqError
+
+        deadline = time.monotonic() + 60
+        delay = 0.05
+        while True:
+            try:
+                status = self.producer.submit(tool, scope, args)
+                break
+            except (EffectqError, redis.RedisError) as exc:
+                if time.monotonic() > deadline:
+                    self.errors.append(f"{step}: {type(exc).__name__}")
+                    return None
+                self.retries += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        self.steps[step] += 1
+        self.statuses[status] += 1
+        return status
+
+    def new_effect(self, i: int) -> None:
+        tool = self.rng.choice(("charge", "send_email", "set_value"))
+        scope = f"sys-{self.args.seed}-{i}"
+        if tool == "charge":
+            args: dict[str, Any] = {"customer": f"c{i}", "amount": f"{1 + i % 90}.50",
+                                    "currency": "eur"}  # fmt: skip
+        elif tool == "send_email":
+            args = {"recipient": f"user{i}@example.com", "subject": f"s{i}"}
+        else:
+            args = {"target": f"t{i}", "value": i}
+        from workers import get_tool
+
+        key = get_tool(tool).derive(scope, args, None).key
+        if self.arm_next > 0:
+            self.arm_next -= 1
+            self.dep.stack.sandbox.fail_next(idempotency_key(key, 0), self.rng.choice((1, 2, 5)))
+        self.effects[key] = Effect(tool, scope, args)
+        self.submit(tool, scope, args, "new")
+
+    def changed(self, effect: Effect) -> dict[str, Any]:
+        """The call with its bound value changed (same key: the identity is kept)."""
+        args = dict(effect.args)
+        if effect.tool == "charge":
+            args["amount"] = f"{self.rng.randint(100, 999)}.{self.rng.randint(10, 99)}"
+        elif effect.tool == "set_value":
+            args["value"] = self.rng.randint(10_000, 99_999)
+        else:
+            args["subject"] = f"reworded {self.rng.randint(0, 999)}"
+        return args
+
+    def state(self, key: str) -> str:
+        record = self.dep.ledger().get(key)
+        return record.state.value if record is not None else "ABSENT"
+
+    def in_state(self, state: str) -> list[str]:
+        from dedupe import State
+
+        return sorted(
+            set(self.dep.ledger().keys_in(State(state), limit=10_000)) & set(self.effects)
+        )
+
+    def step(self, move: str, i: int) -> None:
+        """One move of the plan: a new effect, or a move on an effect submitted before
+        (on one in the state the move needs; a duplicate when there is none)."""
+        if move == "new":
+            self.new_effect(i)
+            return
+        try:
+            pool = {"void": "DONE", "replay": "FAILED", "settle": "UNKNOWN"}.get(move)
+            keys = self.in_state(pool) if pool else sorted(self.effects)
+            if move == "void":  # send_email binds only its identity: nothing to change
+                keys = [k for k in keys if self.effects[k].tool != "send_email"]
+            if not keys:
+                move, keys = "duplicate", sorted(self.effects)
+            key = self.rng.choice(keys)
+            effect = self.effects[key]
+            if move == "duplicate" or (move == "conflict" and effect.tool == "send_email"):
+                # A reworded subject (send_email's free field) is a duplicate, not a conflict.
+                args = effect.args if move == "duplicate" else self.changed(effect)
+                if self.submit(effect.tool, effect.scope, args, move) in ACCEPTED:
+                    effect.args, effect.voided = args, False
+            elif move == "conflict":
+                self.submit(effect.tool, effect.scope, self.changed(effect), "conflict")
+            elif move == "void":
+                verb = self.rng.choice(("revoke", "supersede"))
+                if self.dep.void(key, verb, "refunded" if verb == "revoke" else "corrected"):
+                    self.operator[verb] += 1
+                    effect.voided = True
+                    effect.args = self.changed(effect)
+                    status = self.submit(effect.tool, effect.scope, effect.args, "resubmit")
+                    effect.voided = status not in ACCEPTED
+                else:
+                    self.operator[f"{verb}:refused"] += 1
+            elif move == "replay":
+                self.operator[f"replay:{self.dep.replay(key)}"] += 1
+            else:
+                self.settle_unknown(key)
+        except redis.RedisError:  # the ledger is down: the move is skipped
+            self.steps[f"{move} skipped (ledger down)"] += 1
+
+    def settle_unknown(self, key: str | None = None) -> None:
+        """An operator on UNKNOWN effects: resolve from the provider's log, or recheck the
+        tool (the reconciler asks the provider again)."""
+        unknown = [key] if key is not None else self.in_state("UNKNOWN")
+        for k in unknown:
+            if self.rng.random() < 0.3:
+                code = self.dep.recheck(self.effects[k].tool)
+                self.operator[f"recheck:{'ok' if code == 0 else code}"] += 1
+            else:
+                code = self.dep.resolve(k, executed=True)
+                self.operator[f"resolve:{'ok' if code == 0 else code}"] += 1
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def victim(self) -> psutil.Process | None:
+        pids = [
+            p for p in self.dep.stack.worker_processes()
+            if p not in {s.pid for s in self.stopped}
+        ]  # fmt: skip
+        if not pids:
+            return None
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(self.rng.choice(sorted(pids)))
+        return None
+
+    def inject(self, kind: str) -> None:
+        stack = self.dep.stack
+        detail = ""
+        self.fired[kind] += 1
+        if kind == "kill":
+            proc = self.victim()
+            detail = "no worker process" if proc is None else f"SIGKILL worker pid {proc.pid}"
+            if proc is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+        elif kind == "failpoint_pool":
+            point = self.rng.choice(("after_commit", "after_effect"))
+            p = round(self.rng.uniform(0.2, 0.5), 2)
+            span = self.rng.uniform(4.0, 8.0)
+            pool = stack.start_workers(1, 2, EFFECTQ_FAILPOINTS=f"{point}=kill@{p}")
+            threading.Timer(span, self.end_pool, (pool,)).start()
+            detail = f"a pool armed {point}=kill@{p} for {span:.1f}s, then SIGKILLed"
+        elif kind == "stop":
+            proc = self.victim()
+            hold = LEASE_S * 2 + self.rng.uniform(1.0, 3.0)
+            detail = "no worker process" if proc is None else f"SIGSTOP pid {proc.pid} {hold:.1f}s"
+            if proc is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.suspend()
+                    self.stopped.append(proc)
+                    threading.Timer(hold, self.resume, (proc,)).start()
+        elif kind == "broker_loss":
+            client = redis.Redis.from_url(stack.broker_url)
+            try:
+                held = sum(client.hlen(q) for q in QUEUES)
+                client.flushdb()
+            finally:
+                client.close()
+            detail = f"broker db flushed ({held} messages)"
+            self.fault_log.append(f"{time.monotonic() - self.t0:.1f}s {kind}: {detail}")
+            self.log(f"fault {kind}: {detail}; resubmitting every key")
+            for effect in list(self.effects.values()):
+                if not effect.voided:
+                    self.submit(effect.tool, effect.scope, effect.args, "resubmit after loss")
+            return
+        elif kind == "fail_next":
+            self.arm_next += self.rng.randint(1, 3)
+            detail = f"the next {self.arm_next} new effects' first attempt: 503"
+        elif kind == "lost_acks":
+            span = self.rng.uniform(3.0, 8.0)
+            stack.sandbox.configure(drop_ack_rate=0.3)
+            threading.Timer(span, self.acks_back).start()
+            detail = f"drop_ack_rate 0.3 for {span:.1f}s"
+        elif kind == "lookup_outage":
+            span = self.rng.uniform(4.0, 8.0)
+            stack.sandbox.configure(drop_ack_rate=0.5, lookup_enabled=False)
+            threading.Timer(span, self.acks_back).start()
+            detail = f"lookups down and drop_ack_rate 0.5 for {span:.1f}s"
+        elif kind == "ledger_restart":
+            down = self.rng.uniform(0.5, 2.0)
+            self.dep.ledger_server.kill()
+            time.sleep(down)
+            self.dep.ledger_server.start()  # same port and dir: reloads its AOF
+            detail = f"ledger SIGKILLed, down {down:.1f}s, restarted from AOF"
+        self.fault_log.append(f"{time.monotonic() - self.t0:.1f}s {kind}: {detail}")
+        self.log(f"fault {kind}: {detail}")
+
+    def end_pool(self, pool: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pool.pid, signal.SIGKILL)
+        pool.wait()
+
+    def resume(self, proc: psutil.Process) -> None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.resume()
+        with contextlib.suppress(ValueError):
+            self.stopped.remove(proc)
+
+    def acks_back(self) -> None:
+        with contextlib.suppress(Exception):
+            self.dep.stack.sandbox.configure(
+                drop_ack_rate=self.args.drop_ack_rate, lookup_enabled=True
+            )
+
+    def heal(self) -> None:
+        for proc in list(self.stopped):
+            self.resume(proc)
+        if not self.dep.ledger_server.running:
+            self.dep.ledger_server.start()
+        self.dep.stack.sandbox.configure(fail_rate=0.0, drop_ack_rate=0.0, lookup_enabled=True)
+
+
+def schedule(
+    rng: random.Random, args: argparse.Namespace, window_s: float
+) -> list[tuple[float, str]]:
+    kinds = (
+        ["kill"] * args.kills + ["failpoint_pool"] * args.failpoint_pools
+        + ["stop"] * args.stops + ["broker_loss"] * args.broker_losses
+        + ["fail_next"] * args.fail_next + ["lost_acks"] * args.lost_acks
+        + ["lookup_outage"] * args.lookup_outages
+        + ["ledger_restart"] * args.ledger_restarts
+    )  # fmt: skip
+    rng.shuffle(kinds)
+    times = sorted(rng.uniform(0.1 * window_s, 0.85 * window_s) for _ in kinds)
+    return list(zip(times, kinds, strict=True))
+
+
+MOVES = {"duplicate": 30, "conflict": 15, "void": 10, "replay": 6, "settle": 4}
+
+
+def work_plan(rng: random.Random, effects: int) -> list[str]:
+    """``effects`` new effects and 0.8 as many moves on earlier ones, the first three new."""
+    moves = rng.choices(list(MOVES), list(MOVES.values()), k=int(0.8 * effects))
+    rest = ["new"] * (effects - 3) + moves
+    rng.shuffle(rest)
+    return ["new"] * 3 + rest
+
+
+def run_workload(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    dep = Deployment(
+        workdir,
+        SandboxConfig(drop_ack_rate=args.drop_ack_rate, provider_idempotency=False, seed=args.seed),
+        env=DEPLOYMENT_ENV,
+    )
+    started = time.monotonic()
+    try:
+        dep.start()
+        dep.stack.start_workers(args.processes, args.threads)
+        dep.stack.start_reconciler()
+        dep.stack.wait_for_workers(args.processes, timeout=120)
+        work = Workload(args, dep, rng, Recorder(workdir / "events-producer.jsonl", "producer"))
+        window_s = args.minutes * 60 if args.minutes else max(20.0, args.effects * 0.75)
+        faults = schedule(rng, args, window_s)
+        work.log(f"window {window_s:.0f}s, faults {[(round(t, 1), k) for t, k in faults]}")
+        plan = work_plan(rng, args.effects)
+        i = 0
+        while i < len(plan) or faults:
+            now = time.monotonic() - work.t0
+            if faults and faults[0][0] <= now:
+                work.inject(faults.pop(0)[1])
+                continue
+            if i < len(plan):
+                pause = work.t0 + window_s * 0.85 * i / len(plan) - time.monotonic()
+                if pause > 0:
+                    time.sleep(min(pause, faults[0][0] - now if faults else pause))
+                    continue
+                work.step(plan[i], i)
+                i += 1
+            else:
+                time.sleep(max(0.0, faults[0][0] - now))
+        chaos_s = round(time.monotonic() - work.t0, 1)
+        time.sleep(LEASE_S * 2 + 4)  # the last SIGSTOP and lost-ack span end on their timers
+        work.heal()
+        keys = sorted(work.effects)
+        quiet, quiesce_s, progress = dep.wait_quiet(keys, timeout=args.quiesce_timeout)
+        # What is still UNKNOWN gets an operator: decided from the provider's log.
+        work.settle_unknown()
+        if work.operator:
+            quiet, more_s, progress = dep.wait_quiet(keys, timeout=args.quiesce_timeout)
+            quiesce_s += more_s
+        verdict = dep.verdict()
+        finals = dep.finals(keys)
+        violations = list(verdict.violations)
+        if not quiet:
+            violations.append(f"not quiescent after {quiesce_s}s: {progress}")
+        if work.errors:
+            violations.append(f"producer gave up: {work.errors[:3]}")
+        return {
+            "chaos": "violations" if violations else "ok",
+            "bench": "system_checker",
+            "seed": args.seed,
+            "effects": len(work.effects),
+            "submissions": verdict.figures["submissions"],
+            "steps": dict(work.steps),
+            "statuses": dict(work.statuses),
+            "producer_retries": work.retries,
+            "executions": verdict.figures["executions"],
+            "states": dict(Counter(f.state for f in finals.values())),
+            "operator": dict(work.operator),
+            "faults": dict(work.fired),
+            "fault_log": work.fault_log,
+            "checker": verdict.figures,
+            "dead_letters": len(dep.ledger().dead_letters(count=100_000)),
+            "supervisor_restarts": dep.stack.log("workers.log").count("restarting in"),
+            "chaos_s": chaos_s,
+            "quiesce_s": quiesce_s,
+            "wall_s": round(time.monotonic() - started, 1),
+            "violations": violations,
+        }
+    finally:
+        dep.stop()
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"effectq system checker — seed {result['seed']} — {result['chaos'].upper()}"]
+    for name in ("effects", "submissions", "steps", "statuses", "executions", "states",
+                 "operator", "faults", "checker", "dead_letters", "supervisor_restarts",
+                 "chaos_s", "quiesce_s", "wall_s"):  # fmt: skip
+        lines.append(f"  {name:<20}{json.dumps(result.get(name))}")
+    lines += [f"  fault  {line}" for line in result.get("fault_log", [])]
+    lines += [f"  VIOLATION  {v}" for v in result.get("violations", [])[:30]]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.system", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--hole1", action="store_true", help="the deterministic hole-1 scenario only")
+    p.add_argument("--seed", type=int, default=None, help="default: random, printed")
+    p.add_argument("--effects", type=int, default=100)
+    p.add_argument("--minutes", type=float, default=None, help="window (default 0.75 s/effect)")
+    p.add_argument("--kills", type=int, default=2, help="worker processes SIGKILLed")
+    p.add_argument(
+        "--failpoint-pools", type=int, default=1, help="pools armed with kill@P failpoints"
+    )
+    p.add_argument("--stops", type=int, default=1, help="workers SIGSTOPped past their lease")
+    p.add_argument("--broker-losses", type=int, default=1, help="broker db flushed")
+    p.add_argument("--fail-next", type=int, default=2, help="provider 503 on coming effects")
+    p.add_argument("--lost-acks", type=int, default=1, help="spans of 30 %% lost acks")
+    p.add_argument("--lookup-outages", type=int, default=1, help="lookups down, acks lost")
+    p.add_argument("--ledger-restarts", type=int, default=1, help="ledger SIGKILL + AOF restart")
+    p.add_argument("--drop-ack-rate", type=float, default=0.02, help="lost acks at all times")
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--quiesce-timeout", type=float, default=120.0)
+    p.add_argument("--keep", type=Path, default=None, help="keep the workdir (logs, events)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = p.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1_000_000)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
     import tempfile
 
+    args = parse_args(argv)
+    with contextlib.ExitStack() as cleanup:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            workdir = args.keep
+        else:
+            workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="system-")))
+        if args.hole1:
+            print(json.dumps(voided_generation_scenario(workdir), indent=1))
+            return 0
+        try:
+            result = run_workload(args, workdir)
+        except Exception as exc:  # the report still says what broke, and the seed
+            result = {"chaos": "error", "bench": "system_checker", "seed": args.seed,
+                      "violations": [f"harness: {exc!r}"]}  # fmt: skip
+    print(render(result))
+    print(json.dumps(result, sort_keys=True))
+    return 1 if result["violations"] else 0
+
+
+if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    with tempfile.TemporaryDirectory(prefix="hole1-") as tmp:
-        print(json.dumps(voided_generation_scenario(Path(tmp)), indent=1))
+    sys.exit(main())
