@@ -90,6 +90,11 @@ def mcp(
         fail(2, "mcp: --transport is stdio or http")
     if session is not None and not _SESSION.fullmatch(session):
         fail(2, "mcp: --session must be 1-128 of A-Z a-z 0-9 . _ : @ -")
+    if session is not None and transport == "http":
+        # Every HTTP client would share it: their calls would be one another's repeats.
+        fail(2, "mcp: --session names a stdio server's session; HTTP has one per client")
+    scopes = _scope_from(scope_from or [])  # checked before anything is contacted
+    named = tuple(_tool(t) for t in tool or ())
     cfg = _settings()
     logs.setup(cfg)  # stderr: stdout is the stdio transport's
     tracing.configure(cfg)
@@ -103,14 +108,14 @@ def mcp(
         proxied = proxy.load_config(upstream)
         proxy.declare(proxied)
     ledger_from_settings(cfg)  # refuse to start on a ledger that cannot be trusted (no AOF)
-    served = tuple(_tool(t) for t in tool or ()) or tuple(proxied.tools if proxied else ())
+    served = named or tuple(proxied.tools if proxied else ())
     try:
         face = McpFace(
             McpOptions(
                 tools=served,
                 timeout=wait,
                 session=session,
-                scope_from=_scope_from(scope_from or []),
+                scope_from=scopes,
             ),
             upstream=proxied.upstream if proxied else None,
         )
