@@ -160,3 +160,22 @@ def test_the_console_pages_filters_views_and_the_recheck_button(api: Api, live: 
         [csrf] = re.findall(r'name="csrf" value="([^"]+)"', page.text)[:1]
         refused = browser.post("/console/recheck", data={**form, "csrf": csrf}, headers=cookie)
         assert refused.status_code == 403
+
+
+def test_keys_only_a_broker_message_stands_for_are_listed_by_the_api_and_the_console(
+    api: Api, client: httpx.Client
+) -> None:
+    """A pending marker with no record is invisible to every state list (issue 37, item 2):
+    /v1/pending and the console's Pending page show it."""
+    effect = charge()
+    ledger = runtime.ledger()
+    assert ledger.submit(effect, message_id="m-lost", pending_s=600).status == "enqueue"
+    ledger.confirm_pending([(effect, "m-lost")], 600)
+    [row] = client.get("/v1/pending").json()["pending"]
+    assert (row["key"], row["state"], row["message_id"], row["confirmed"]) == (
+        effect.key, "ABSENT", "m-lost", True,
+    )  # fmt: skip
+    with httpx.Client(base_url=api.url, timeout=60) as browser:
+        cookie = _login(browser, "dash")
+        page = browser.get("/console/pending", headers=cookie)
+        assert page.status_code == 200 and effect.key[:16] in page.text and "m-lost" in page.text

@@ -273,6 +273,20 @@ def dead_letters(request: Request, tool: Text = "", cursor: Text = "") -> Respon
     return _page(request, "deadletters.html", page=page, tool=tool)
 
 
+@router.get("/pending")
+def pending(request: Request) -> Response:
+    """Keys only a broker message stands for: a SCAN of the keyspace, so a page of its own
+    (never on the work queue's first page)."""
+    if _session(request) is None:
+        return _to_login()
+    try:
+        markers = verbs.pending_markers(verbs.operator())
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "pending.html", problem.status, markers=None, error=problem.message)
+    return _page(request, "pending.html", markers=markers)
+
+
 @router.get("/audit")
 def audit(request: Request, actor: Text = "", cursor: Text = "") -> Response:
     if _session(request) is None:

@@ -220,6 +220,21 @@ class EffectsPage(BaseModel):
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
 
 
+class PendingMarker(BaseModel):
+    """A key only a broker message stands for (``effectq list --pending --json``)."""
+
+    key: str
+    state: str = Field(description="the record's state, ABSENT without one")
+    tool: str | None
+    message_id: str = Field(description="the message the pending marker names")
+    confirmed: bool = Field(description="the broker accepted it (else only a reservation)")
+    ttl_ms: int | None = Field(description="ms before the marker lapses")
+
+
+class PendingMarkers(BaseModel):
+    pending: list[PendingMarker]
+
+
 class DeadLetter(BaseModel):
     id: str = Field(description="the stream entry id (server ms-sequence)")
     at_ms: int

@@ -268,6 +268,15 @@ def _since(ops: Operator, text: str | None, what: str = "since") -> int | None:
 
 
 @router.get(
+    "/pending",
+    summary="Keys only a broker message stands for (a pending marker, no record held)",
+    responses={200: {"model": models.PendingMarkers}, **_problems(*_AUTH)},
+)
+def list_pending(caller: Reader, limit: PageLimit = 100) -> JSONResponse:
+    return JSONResponse({"pending": verbs.pending_markers(verbs.operator(), limit=limit)})
+
+
+@router.get(
     "/effects",
     summary="A page of the unsettled effects (the state indexes), or a key search",
     responses={200: {"model": models.EffectsPage}, **_problems(*_AUTH)},
