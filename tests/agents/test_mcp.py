@@ -239,3 +239,23 @@ def test_a_ledger_that_does_not_answer_is_an_unavailable_answer_naming_nothing(
     assert result.structuredContent["status"] == "unavailable"
     assert "may or may not have been submitted" in text
     assert str(own_ledger.port) not in text and "127.0.0.1" not in text
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        (["--transport", "http", "--session", "s"], "--session names a stdio server's session"),
+        (["--transport", "pigeon"], "--transport is stdio or http"),
+        (["--scope-from", "charge"], "--scope-from takes TOOL=FIELD[,FIELD]"),
+    ],
+)
+def test_bad_options_are_one_line_before_anything_is_contacted(
+    options: list[str], reason: str
+) -> None:
+    env = {**os.environ, "EFFECTQ_REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", "mcp", *options],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"effectq: mcp: {reason}") and done.stderr.count("\n") == 1
