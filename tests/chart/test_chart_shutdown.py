@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 from tests.chart._chart import VARIANTS, Rendered, container, option, worker_name
 from tests.support.requires import need_binary, unavailable
@@ -100,10 +101,15 @@ class Pod:
 
 @pytest.fixture
 def pod(
-    variants: dict[str, Rendered], shared_redis_server: RedisServer, tmp_path: Path
+    variants: dict[str, Rendered],
+    shared_redis_server: RedisServer,
+    shared_redis: redis.Redis,
+    tmp_path: Path,
 ) -> Iterator[Pod]:
     """The default pool's rendered command (`effectq worker ...`), two Dramatiq
-    processes up and idle."""
+    processes up and idle, on a server emptied first (``shared_redis``): other tests leave
+    ledgers of their own namespaces there, and a worker refuses the default namespace on a
+    ledger that holds only others' records and no version record."""
     unshare = need_binary("unshare", "util-linux")
     need_binary("nsenter", "util-linux")
     args = container(variants["default"].one("Deployment", worker_name("default")))["args"]
