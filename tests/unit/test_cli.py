@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -266,7 +267,10 @@ def test_an_unreachable_broker_is_one_line_and_exit_7(shared_redis_server: Redis
     # Its own process: the broker a process builds is a process-wide global (another test's
     # stack may have built one in this process already).
     argv = ["submit", "send_email", "--scope", "s", "--arg", "recipient=secret@x.example"]
-    ledger = f"redis://127.0.0.1:{shared_redis_server.port}/0"
+    # A database of its own: other tests' namespaces on db 0 would have the ledger's
+    # version check refuse this namespace first (exit 2), before the broker is tried.
+    ledger = f"redis://127.0.0.1:{shared_redis_server.port}/4"
+    redis.Redis.from_url(ledger).flushdb()
     done = subprocess.run(
         [sys.executable, "-m", "workers", *argv],
         env={**os.environ, **UNREACHABLE, **WIDE, "EFFECTQ_REDIS_URL": ledger},
