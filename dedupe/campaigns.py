@@ -144,9 +144,7 @@ class CampaignStore:
         self._approve = self.client.register_script(_APPROVE)
 
     def _key(self, campaign_id: str, *parts: str | int) -> str:
-        return ":".join(
-            [self.ledger.namespace, "campaign", campaign_tag(campaign_id), *map(str, parts)]
-        )
+        return self.ledger.keyspace.campaign(campaign_tag(campaign_id), *parts)
 
     def _plan_key(self, plan: CampaignPlan, kind: str = "plan") -> str:
         if plan.rows_id:

@@ -40,6 +40,7 @@ from .errors import (
     VolatileLedgerError,
 )
 from .identity import Effect
+from .keys import FOREIGN_PATTERNS, SCHEMA_KEY, SCHEMA_NAMESPACE, KeySpace, schema_field
 from .records import Claim, EffectRecord, PendingMarker, State, Submission, Takeover, Write
 from .script import LedgerScript, Many, first_error
 from .states import CLAIMABLE
@@ -54,8 +55,6 @@ __all__ = [
     "ledger_error",
 ]
 
-#: The ledger's version record: one per Redis (every namespace on it), never expires.
-SCHEMA_KEY = "effectq:ledger"
 #: The layout and record format this release writes and reads (the version record's
 #: ``format``); a ledger written by a newer release is refused.
 LEDGER_FORMAT = 1
@@ -369,6 +368,7 @@ class Ledger:
         self.client = client
         self.namespace = namespace
         self.buckets = buckets
+        self.keyspace = KeySpace(namespace, buckets)
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.max_request_bytes = max_request_bytes
@@ -425,31 +425,19 @@ class Ledger:
     # -- keys -------------------------------------------------------------------------
 
     def bucket_of(self, key: str) -> int:
-        return int(key[:8], 16) % self.buckets
-
-    def _tag(self, bucket: int) -> str:
-        return f"{{{self.namespace}:{bucket}}}"
+        return self.keyspace.bucket_of(key)
 
     def lease_indexes(self) -> list[str]:
         """Every bucket's lease index (a sorted set of keys by lease deadline, in ms), for
         readers that watch the backlog without a script (the metrics' scrape)."""
-        return [f"{self._tag(bucket)}:leases" for bucket in range(self.buckets)]
+        return [self.keyspace.index(bucket, "leases") for bucket in range(self.buckets)]
 
     def _keys(self, key: str) -> list[str]:
-        tag = self._tag(self.bucket_of(key))
-        return [
-            f"{tag}:r:{key}",
-            f"{tag}:leases",
-            f"{tag}:stats",
-            f"{tag}:p:{key}",
-            f"{tag}:unknown",
-            f"{tag}:campaigns",
-            f"{tag}:floor",
-        ]
+        return self.keyspace.script_keys(key)
 
     def _pending_key(self, key: str) -> str:
         """``_keys(key)[3]`` alone (the producer's marker calls need no other)."""
-        return f"{self._tag(self.bucket_of(key))}:p:{key}"
+        return self.keyspace.pending(key)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -477,7 +465,7 @@ class Ledger:
                     f"the ledger was written by a newer release (format {known}; this release "
                     f"knows {LEDGER_FORMAT}): upgrade this process, or roll the ledger back"
                 )
-            stored = schema.get(f"ns:{self.namespace}")
+            stored = schema.get(schema_field(self.namespace))
             if stored is None:
                 stored = self._legacy_layout()
             if stored is None:
@@ -502,7 +490,7 @@ class Ledger:
                         )
                 self._register(str(self.buckets))
                 stored = str(self.buckets)
-            elif f"ns:{self.namespace}" not in schema:
+            elif schema_field(self.namespace) not in schema:
                 self._register(stored)
         if int(stored) != self.buckets:
             raise LayoutChangedError(
@@ -516,7 +504,7 @@ class Ledger:
         a ledger written before versions existed. Audited; refused for a namespace laid out
         in another bucket count."""
         with self.guard():
-            stored = self.client.hget(SCHEMA_KEY, f"ns:{self.namespace}")
+            stored = self.client.hget(SCHEMA_KEY, schema_field(self.namespace))
             stored = stored if stored is not None else self._legacy_layout()
             if stored is not None and int(stored) != self.buckets:
                 raise LayoutChangedError(
@@ -529,20 +517,19 @@ class Ledger:
         return {"namespace": self.namespace, "buckets": self.buckets, "format": LEDGER_FORMAT}
 
     def _legacy_layout(self) -> str | None:
-        found = self.client.get(f"{self.namespace}:layout")
+        found = self.client.get(self.keyspace.legacy_layout)
         return None if found is None else str(found)
 
     def _owns_keys(self) -> bool:
-        return (
-            next(self.client.scan_iter(match=f"{{{self.namespace}:*", count=1000), None) is not None
-        )
+        return next(self.client.scan_iter(match=self.keyspace.owned, count=1000), None) is not None
 
     def _foreign_keys(self, schema: Mapping[str, str]) -> bool:
         """Another namespace uses this ledger: named in the version record, laid out by the
         previous release (``<ns>:layout``), or holding effect keys (``{<ns>:<bucket>}``)."""
-        if any(k.startswith("ns:") and k != f"ns:{self.namespace}" for k in schema):
+        mine = schema_field(self.namespace)
+        if any(k.startswith(SCHEMA_NAMESPACE) and k != mine for k in schema):
             return True
-        for pattern in ("*:layout", "{*:*}:*"):
+        for pattern in FOREIGN_PATTERNS:
             if next(self.client.scan_iter(match=pattern, count=1000), None) is not None:
                 return True
         return False
@@ -550,9 +537,9 @@ class Ledger:
     def _register(self, buckets: str) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.hsetnx(SCHEMA_KEY, "format", LEDGER_FORMAT)
-        pipe.hsetnx(SCHEMA_KEY, f"ns:{self.namespace}", buckets)
+        pipe.hsetnx(SCHEMA_KEY, schema_field(self.namespace), buckets)
         # The previous release reads this during a rolling upgrade.
-        pipe.set(f"{self.namespace}:layout", buckets, nx=True)
+        pipe.set(self.keyspace.legacy_layout, buckets, nx=True)
         pipe.execute()
 
     def fsync_policy(self) -> str | None:
@@ -920,7 +907,7 @@ class Ledger:
         list shows. A SCAN of the keyspace: an operator's view, not a hot path."""
         found: dict[str, tuple[str, str]] = {}
         with self.guard():
-            for name in self.client.scan_iter(match=f"{{{self.namespace}:*}}:p:*", count=1000):
+            for name in self.client.scan_iter(match=self.keyspace.markers, count=1000):
                 found[str(name).rsplit(":", 1)[1]] = ("", str(name))
                 if len(found) >= 20 * limit:
                     break
@@ -956,14 +943,14 @@ class Ledger:
         fields = {"message_id": message_id, "tool": tool, "key": key or "", "reason": reason[:1000]}
         with self.guard(key):
             pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(f"{self.namespace}:deadletters", fields, maxlen=100_000, approximate=True)  # type: ignore[arg-type]
+            pipe.xadd(self.keyspace.stream("deadletters"), fields, maxlen=100_000, approximate=True)  # type: ignore[arg-type]
             if key:
                 pipe.delete(self._pending_key(key))
             pipe.execute()
 
     def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
         """The most recent dead-letter records, newest first."""
-        return self._newest(f"{self.namespace}:deadletters", count)
+        return self._newest(self.keyspace.stream("deadletters"), count)
 
     def _newest(self, stream: str, count: int) -> list[dict[str, str]]:
         with self.guard():
@@ -1138,11 +1125,11 @@ class Ledger:
                 index = "unknown" if state is State.UNKNOWN else "leases"
                 pipe = self.client.pipeline(transaction=False)
                 for bucket in range(self.buckets):
-                    pipe.zrange(f"{self._tag(bucket)}:{index}", 0, limit - 1)
+                    pipe.zrange(self.keyspace.index(bucket, index), 0, limit - 1)
                 keys = [str(k) for found in pipe.execute() for k in found]
             else:
                 keys = []
-                for name in self.client.scan_iter(match=f"{{{self.namespace}:*}}:r:*", count=1000):
+                for name in self.client.scan_iter(match=self.keyspace.records, count=1000):
                     keys.append(str(name).rsplit(":", 1)[1])
                     if len(keys) >= 20 * limit:
                         break
@@ -1155,7 +1142,7 @@ class Ledger:
         """Keys of records that start with ``prefix`` (at least 8 hex digits: they name the
         bucket). A SCAN of the keyspace with a pattern: for an operator's search, not for
         a hot path (seconds on millions of keys)."""
-        pattern = f"{self._tag(self.bucket_of(prefix))}:r:{prefix}*"
+        pattern = self.keyspace.records_with_prefix(prefix)
         keys: list[str] = []
         with self.guard():
             for name in self.client.scan_iter(match=pattern, count=1000):
@@ -1170,18 +1157,15 @@ class Ledger:
         key = fields.get("key")
         with self.guard():
             pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(f"{self.namespace}:audit", fields)  # type: ignore[arg-type]
+            pipe.xadd(self.keyspace.stream("audit"), fields)  # type: ignore[arg-type]
             if key:
-                pipe.xadd(self._audit_of(key), fields)  # type: ignore[arg-type]
+                pipe.xadd(self.keyspace.trail(key), fields)  # type: ignore[arg-type]
             entry = pipe.execute()[0]
         return str(entry)
 
     def audit_log(self, count: int = 100) -> list[dict[str, str]]:
         """The most recent audit entries, newest first."""
-        return self._newest(f"{self.namespace}:audit", count)
-
-    def _audit_of(self, key: str) -> str:
-        return f"{self._tag(self.bucket_of(key))}:audit:{key}"
+        return self._newest(self.keyspace.stream("audit"), count)
 
     def stream_page(
         self,
@@ -1197,7 +1181,7 @@ class Ledger:
         entry id ``before`` and no older than ``since_ms`` (server ms), each with its ``id``."""
         if stream not in ("audit", "deadletters"):
             raise ValueError("stream must be audit or deadletters")
-        name = self._audit_of(key) if key else f"{self.namespace}:{stream}"
+        name = self.keyspace.trail(key) if key else self.keyspace.stream(stream)
         newest = f"({before}" if before else "+"
         oldest = f"{since_ms}-0" if since_ms is not None else "-"
         with self.guard():
@@ -1227,7 +1211,7 @@ class Ledger:
         high: int | str = until_ms if until_ms is not None else "+inf"
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets):
-            name = f"{self._tag(bucket)}:{index}"
+            name = self.keyspace.index(bucket, index)
             if after is not None and after[0] >= low:
                 # Ties on the cursor's score are read whole (same ms: few), then the rest.
                 pipe.zrangebyscore(name, after[0], after[0], withscores=True)
@@ -1255,7 +1239,8 @@ class Ledger:
         now = self.server_time_ms() if now_ms is None else now_ms
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets) if buckets is None else buckets:
-            pipe.zrangebyscore(f"{self._tag(bucket)}:leases", "-inf", now, start=0, num=limit)
+            leases = self.keyspace.index(bucket, "leases")
+            pipe.zrangebyscore(leases, "-inf", now, start=0, num=limit)
         with self.guard():
             found = pipe.execute()
         return [str(key) for keys in found for key in keys]
@@ -1263,19 +1248,19 @@ class Ledger:
     def members(self, group: str, member: str, *, ttl_s: float) -> list[str]:
         """Refresh ``member`` of ``group`` and return the live members (seen within ttl)."""
         with self.guard():
-            live = self._members(keys=[f"{self.namespace}:{group}"], args=[member, _ms(ttl_s)])
+            live = self._members(keys=[self.keyspace.group(group)], args=[member, _ms(ttl_s)])
         return [str(m) for m in live]
 
     def leave(self, group: str, member: str) -> None:
         with self.guard():
-            self.client.zrem(f"{self.namespace}:{group}", member)
+            self.client.zrem(self.keyspace.group(group), member)
 
     def campaign_counts(self, tag: str) -> dict[str, int]:
         """State → number of records of campaign ``tag``, summed over buckets (no scan)."""
         states = [s.value for s in State]
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets):
-            pipe.hmget(f"{self._tag(bucket)}:campaigns", [f"{tag}:{s}" for s in states])
+            pipe.hmget(self.keyspace.index(bucket, "campaigns"), [f"{tag}:{s}" for s in states])
         with self.guard():
             replies = pipe.execute()
         totals = dict.fromkeys(states, 0)
@@ -1288,7 +1273,7 @@ class Ledger:
         """(state or "fenced", tool or op) → count, summed over buckets (no keyspace scan)."""
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.buckets):
-            pipe.hgetall(f"{self._tag(bucket)}:stats")
+            pipe.hgetall(self.keyspace.index(bucket, "stats"))
         with self.guard():
             replies = pipe.execute()
         totals: dict[tuple[str, str], int] = {}

@@ -135,7 +135,7 @@ def test_collector_reads_the_ledgers_counters_and_lease_heads(
     ledger.submit(done, message_id="m", pending_s=60)
     ledger.submit(charge(done.scope, amount="99"), message_id="m", pending_s=60)  # conflict
     # A field the collector does not know (an old campaign counter) never becomes a label.
-    ledger.client.hincrby(f"{ledger._tag(0)}:stats", "cp:0123456789abcdef:CLAIMED", 1)
+    ledger.client.hincrby(ledger.keyspace.index(0, "stats"), "cp:0123456789abcdef:CLAIMED", 1)
     time.sleep(0.2)
 
     broker = shared_redis_server.client(db=1)
