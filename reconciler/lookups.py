@@ -25,6 +25,8 @@ class HttpLookup:
     tools declared at import read the provider URL when the reconciler runs. ``auth_env``
     names an environment variable holding the value of the ``Authorization`` header.
     ``not_found`` statuses are authoritative answers; ``verify`` accepts a CA bundle path.
+    ``lookup_concurrency``: how many lookups the reconciler sends the provider at once
+    (tools sharing this lookup share the limit).
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class HttpLookup:
         verify: bool | str = True,
         not_found: tuple[int, ...] = (404,),
         send_token: bool = True,
+        lookup_concurrency: int = 8,
     ) -> None:
         self._base_url = base_url
         self.url_template = url_template
@@ -45,6 +48,7 @@ class HttpLookup:
         self.verify = verify
         self.not_found = not_found
         self.send_token = send_token
+        self.lookup_concurrency = lookup_concurrency
         self._local = threading.local()
 
     def _client(self) -> httpx.Client:

@@ -14,6 +14,13 @@ under a new fencing token, looks the effect up, and decides (DESIGN §4):
 It never enqueues work: a FAILED key is executed by the message's own next delivery.
 Several reconcilers may run at once; the token makes every write theirs alone.
 
+A pass looks its claims up concurrently on a bounded thread pool: at most
+``lookup_concurrency`` lookups at a time through one lookup object (an attribute of the
+lookup, ``DEFAULT_LOOKUP_CONCURRENCY`` when it has none), so tools sharing one provider's
+lookup share its limit. A claim is taken over only once its lookup has a slot, so a queued
+one holds no lease. Claims under the limit are decided within one lookup time of the pass
+that finds them, not one lookup time apart.
+
 A reconciler only touches the claims of tools it declares: another tool's expired claim is
 left for a reconciler that knows how to look it up (never taken over, never made UNKNOWN
 for want of a spec here), and reported to the observer (``Observer.unowned``).
@@ -33,6 +40,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -44,6 +52,7 @@ from dedupe import (
     LookupResult,
     NotFound,
     RecordTooLargeError,
+    SpecError,
     Takeover,
     ToolSpec,
     Unavailable,
@@ -51,12 +60,27 @@ from dedupe import (
 from dedupe.failpoints import failpoint
 from dedupe.spec import DEFAULT_RETENTION_S, EffectLookup, Lookup, LookupContext
 
-__all__ = ["Decision", "Observer", "Reconciler", "Tracer", "decide"]
+__all__ = [
+    "DEFAULT_LOOKUP_CONCURRENCY", "Decision", "Observer", "Reconciler", "Tracer", "decide",
+    "lookup_concurrency",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 Action = Literal["done", "failed", "defer", "unknown"]
 GROUP = "reconcilers"
+#: Lookups run at once through one lookup object that does not set ``lookup_concurrency``.
+DEFAULT_LOOKUP_CONCURRENCY = 8
+# The pass's threads, whatever the limits add up to: lookups wait on I/O, not on the CPU.
+_MAX_THREADS = 64
+
+
+def lookup_concurrency(lookup: Lookup) -> int:
+    """How many lookups ``lookup`` may run at once (its ``lookup_concurrency``)."""
+    n = getattr(lookup, "lookup_concurrency", DEFAULT_LOOKUP_CONCURRENCY)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise SpecError("a lookup's lookup_concurrency must be a positive integer")
+    return n
 
 
 class Observer(Protocol):
@@ -208,6 +232,19 @@ class Reconciler:
         )
         tools = hashlib.sha256("\n".join(sorted(self.specs)).encode()).hexdigest()[:12]
         self.group = f"{GROUP}:{tools}"
+        # One limit per lookup object (by identity: tools sharing it share the provider).
+        self._slots: dict[int, threading.BoundedSemaphore] = {}
+        for spec in self.specs.values():
+            if spec.lookup is not None and id(spec.lookup) not in self._slots:
+                self._slots[id(spec.lookup)] = threading.BoundedSemaphore(
+                    lookup_concurrency(spec.lookup)
+                )
+        self._threads = min(
+            sum(lookup_concurrency(s.lookup) for s in self.specs.values() if s.lookup) or 1,
+            _MAX_THREADS,
+        )
+        # Kept across passes: a lookup's per-thread HTTP client is reused, not rebuilt.
+        self._pool: ThreadPoolExecutor | None = None
 
     def reconcile(self, key: str, *, tool: str | None = None) -> str | None:
         """Take ``key`` over if its lease has expired and resolve it; the outcome or None.
@@ -220,24 +257,15 @@ class Reconciler:
             tool = record.tool
         if tool not in self.specs:
             return "unowned"
-        takeover = self.ledger.takeover(key, lease_s=self.lease_s, holder=self.holder)
-        if takeover is None:
-            return None
-        spec = self.specs.get(takeover.tool)
-        result: LookupResult | None = None
-        if spec is not None and spec.lookup is not None:
-            failpoint("before_lookup")
-            try:
-                with self.tracer.span("lookup", tool=takeover.tool, key=key, token=takeover.token):
-                    result = _ask(spec.lookup, takeover)
-            except Exception as exc:
-                # A tool's own lookup code is outside effectq: a bug there is an unanswered
-                # question (retried within the budget, then UNKNOWN), never a dead reconciler.
-                # Its text and traceback may carry arguments: at DEBUG only.
-                log.error("lookup for %s raised %s", key[:12], type(exc).__name__)
-                log.debug("lookup for %s raised", key[:12], exc_info=True)
-                result = Unavailable(f"lookup raised {type(exc).__name__}")
-            failpoint("after_lookup")
+        owner = self.specs[tool].lookup
+        # Taken over only once the provider has a slot: a claim queued behind the limit
+        # holds no lease meanwhile.
+        with self._slots[id(owner)] if owner is not None else nullcontext():
+            takeover = self.ledger.takeover(key, lease_s=self.lease_s, holder=self.holder)
+            if takeover is None:
+                return None
+            spec = self.specs.get(takeover.tool)
+            result = self._look_up(spec, takeover) if spec is not None else None
         decision = decide(takeover, spec, result, budget=self.budget, backoff_s=self.backoff_s)
         retention = spec.retention_s if spec is not None else DEFAULT_RETENTION_S
         if decision.action == "done":
@@ -268,6 +296,37 @@ class Reconciler:
         )  # fmt: skip
         return decision.action
 
+    def _look_up(self, spec: ToolSpec, takeover: Takeover) -> LookupResult | None:
+        if spec.lookup is None:
+            return None
+        key = takeover.key
+        failpoint("before_lookup")
+        try:
+            with self.tracer.span("lookup", tool=takeover.tool, key=key, token=takeover.token):
+                result = _ask(spec.lookup, takeover)
+        except Exception as exc:
+            # A tool's own lookup code is outside effectq: a bug there is an unanswered
+            # question (retried within the budget, then UNKNOWN), never a dead reconciler.
+            # Its text and traceback may carry arguments: at DEBUG only.
+            log.error("lookup for %s raised %s", key[:12], type(exc).__name__)
+            log.debug("lookup for %s raised", key[:12], exc_info=True)
+            result = Unavailable(f"lookup raised {type(exc).__name__}")
+        failpoint("after_lookup")
+        return result
+
+    def _reconcile_one(self, key: str, tool: str) -> str | None:
+        try:
+            return self.reconcile(key, tool=tool)
+        except EffectqError as exc:
+            log.warning("reconcile %s failed: %s", key[:12], exc)
+            return "error"
+
+    def close(self) -> None:
+        """Stop the lookup threads (``run`` does it when it stops)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
     def owned_buckets(self, members: list[str]) -> list[int]:
         """The buckets this reconciler scans: rendezvous hashing over the live members, so
         several reconcilers divide the buckets without a leader, and a silent member's
@@ -290,17 +349,26 @@ class Reconciler:
         unowned: Counter[str] = Counter()
         keys = self.ledger.expired(buckets, limit=self.batch)
         records = self.ledger.get_many(keys) if keys else {}
+        mine: list[tuple[str, str]] = []
         for key, record in records.items():
             if record is None:
                 continue
             if record.tool not in self.specs:
                 unowned[record.tool] += 1
                 continue
-            try:
-                outcome = self.reconcile(key, tool=record.tool)
-            except EffectqError as exc:
-                log.warning("reconcile %s failed: %s", key[:12], exc)
-                outcome = "error"
+            mine.append((key, record.tool))
+        if len(mine) > 1 and self._threads > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lookup")
+            pool = self._pool
+            futures: list[Future[str | None]] = [
+                pool.submit(self._reconcile_one, key, tool) for key, tool in mine
+            ]
+            wait(futures)  # every claim of the pass decided before any error leaves
+            results = [f.result() for f in futures]
+        else:
+            results = [self._reconcile_one(key, tool) for key, tool in mine]
+        for outcome in results:
             if outcome:
                 outcomes[outcome] += 1
         if unowned:
@@ -321,5 +389,6 @@ class Reconciler:
                 log.warning("reconciler pass failed: %s", exc)
             self.observer.pass_attempted()
             stop.wait(interval_s)
+        self.close()
         with contextlib.suppress(EffectqError):
             self.ledger.leave(self.group, self.holder)

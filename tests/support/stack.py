@@ -14,6 +14,7 @@ SANDBOX_DEFAULTS = {
     "fail_rate": 0.0,
     "drop_ack_rate": 0.0,
     "latency_ms": 0.0,
+    "lookup_latency_ms": 0.0,
     "lookup_lag_s": 0.0,
     "lookup_enabled": True,
     "provider_idempotency": True,

@@ -26,9 +26,11 @@ Under uvicorn the socket is closed before a single byte of the answer is written
 httpx client sees ``httpx.RemoteProtocolError("Server disconnected without sending a
 response.")`` -- a transport error, never a status code. Under another ASGI server the
 app raises instead (that server answers 500 or closes). ``latency_ms`` delays every
-``/v1/effects`` request, ``lookup_lag_s`` hides new effects from lookups for that long,
-``lookup_enabled=False`` answers 501 to lookups, ``provider_idempotency=False`` executes
-every POST again, and ``seed`` makes the fault schedule replayable (reset re-seeds).
+``/v1/effects`` request, ``lookup_latency_ms`` delays lookups (GET) only, on top of it
+(a slow lookup index beside a fast send path), ``lookup_lag_s`` hides new effects from
+lookups for that long, ``lookup_enabled=False`` answers 501 to lookups,
+``provider_idempotency=False`` executes every POST again, and ``seed`` makes the fault
+schedule replayable (reset re-seeds).
 
 The execution log is the ground truth with values: one entry per real execution, in order
 (``seq`` from 1), carrying the idempotency key, the ``Effect-Key`` header when the caller
@@ -87,19 +89,21 @@ class SandboxConfig:
     fail_rate: float = 0.0
     drop_ack_rate: float = 0.0
     latency_ms: float = 0.0
+    lookup_latency_ms: float = 0.0
     lookup_lag_s: float = 0.0
     lookup_enabled: bool = True
     provider_idempotency: bool = True
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("fail_rate", "drop_ack_rate", "latency_ms", "lookup_lag_s"):
+        for name in ("fail_rate", "drop_ack_rate", "latency_ms", "lookup_latency_ms",
+                     "lookup_lag_s"):  # fmt: skip
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number")
         for name in ("fail_rate", "drop_ack_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
-        for name in ("latency_ms", "lookup_lag_s"):
+        for name in ("latency_ms", "lookup_latency_ms", "lookup_lag_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
 
@@ -267,6 +271,8 @@ class _Sandbox:
 
     async def get_effect(self, request: Request) -> JSONResponse:
         await self._delay()
+        if self.config.lookup_latency_ms > 0:
+            await asyncio.sleep(self.config.lookup_latency_ms / 1000)
         if not self.config.lookup_enabled:
             raise _Reject(501, "lookup disabled")
         key = _idempotency_key(request.path_params["key"])
@@ -468,6 +474,7 @@ def _argv_for(config: SandboxConfig) -> list[str]:
         f"--fail-rate={config.fail_rate}",
         f"--drop-ack-rate={config.drop_ack_rate}",
         f"--latency-ms={config.latency_ms}",
+        f"--lookup-latency-ms={config.lookup_latency_ms}",
         f"--lookup-lag-s={config.lookup_lag_s}",
     ]
     if not config.lookup_enabled:
@@ -623,6 +630,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fail-rate", type=float, default=0.0)
     parser.add_argument("--drop-ack-rate", type=float, default=0.0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--lookup-latency-ms", type=float, default=0.0)
     parser.add_argument("--lookup-lag-s", type=float, default=0.0)
     parser.add_argument("--no-lookup", action="store_true")
     parser.add_argument("--no-provider-idempotency", action="store_true")
@@ -634,6 +642,7 @@ def main(argv: list[str] | None = None) -> None:
             fail_rate=args.fail_rate,
             drop_ack_rate=args.drop_ack_rate,
             latency_ms=args.latency_ms,
+            lookup_latency_ms=args.lookup_latency_ms,
             lookup_lag_s=args.lookup_lag_s,
             lookup_enabled=not args.no_lookup,
             provider_idempotency=not args.no_provider_idempotency,
