@@ -144,12 +144,12 @@ class Deployment:
         self.operator.write("replay", key, tool=tool, args=args, status=status, attempt=attempt)
         return status
 
-    def resolve(self, key: str, executed: bool) -> int:
+    def resolve(self, key: str) -> tuple[int, str]:
         """``effectq resolve KEY``: an UNKNOWN effect decided from the provider's log (what
         an operator reads off the provider's dashboard)."""
         record = self.ledger().get(key)
         if record is None or record.state.value != "UNKNOWN":
-            return -1
+            return -1, "not UNKNOWN any more"
         mine = [
             e for e in self.stack.sandbox.executions()
             if e["idempotency_key"] == record.idempotency_key
@@ -159,12 +159,10 @@ class Deployment:
             argv = ["--executed", "--receipt", receipt]
         else:
             argv = ["--not-executed"]
-        code, _ = self.cli("resolve", key, *argv, "--actor", "chaos", "--reason", "provider log")
-        return code
+        return self.cli("resolve", key, *argv, "--actor", "chaos", "--reason", "provider log")
 
-    def recheck(self, tool: str) -> int:
-        code, _ = self.cli("recheck", tool, "--actor", "chaos", "--reason", "lookup outage")
-        return code
+    def recheck(self, tool: str) -> tuple[int, str]:
+        return self.cli("recheck", "--tool", tool, "--actor", "chaos", "--reason", "lookups")
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -366,8 +364,12 @@ class Workload:
     fault_log: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     stopped: list[psutil.Process] = field(default_factory=list)
+    frozen: list[psutil.Process] = field(default_factory=list)  # by a broker loss
+    later: list[tuple[float, str]] = field(default_factory=list)  # faults a fault scheduled
     arm_next: int = 0  # fail-next: the next new effects' first attempt gets a 503
     retries: int = 0
+    broker_lost: int = 0  # messages the broker forgot
+    refusals: list[str] = field(default_factory=list)  # operator verbs that answered no
     t0: float = field(default_factory=time.monotonic)
 
     def log(self, text: str) -> None:
@@ -483,12 +485,17 @@ class Workload:
         tool (the reconciler asks the provider again)."""
         unknown = [key] if key is not None else self.in_state("UNKNOWN")
         for k in unknown:
-            if self.rng.random() < 0.3:
-                code = self.dep.recheck(self.effects[k].tool)
-                self.operator[f"recheck:{'ok' if code == 0 else code}"] += 1
-            else:
-                code = self.dep.resolve(k, executed=True)
-                self.operator[f"resolve:{'ok' if code == 0 else code}"] += 1
+            verb = "recheck" if self.rng.random() < 0.3 else "resolve"
+            code, out = (
+                self.dep.recheck(self.effects[k].tool)
+                if verb == "recheck"
+                else (self.dep.resolve(k))
+            )
+            self.operator[f"{verb}:{'ok' if code == 0 else 'refused'}"] += 1
+            if code != 0:
+                self.refusals.append(
+                    f"{verb} {k[:12]}: {out.splitlines()[-1][:160] if out else code}"
+                )
 
     # -- faults ----------------------------------------------------------------------------
 
@@ -530,13 +537,30 @@ class Workload:
                     self.stopped.append(proc)
                     threading.Timer(hold, self.resume, (proc,)).start()
         elif kind == "broker_loss":
+            # The workers freeze first: what is submitted meanwhile waits in the broker, and
+            # that is what the broker then forgets.
+            hold = self.rng.uniform(3.0, 6.0)
+            stopped = {p.pid for p in self.stopped}
+            for pid in stack.worker_processes():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if pid not in stopped:
+                        proc = psutil.Process(pid)
+                        proc.suspend()
+                        self.frozen.append(proc)
+            self.later.append((time.monotonic() - self.t0 + hold, "broker_flush"))
+            detail = f"{len(self.frozen)} worker processes frozen for {hold:.1f}s"
+        elif kind == "broker_flush":
             client = redis.Redis.from_url(stack.broker_url)
             try:
                 held = sum(client.hlen(q) for q in QUEUES)
                 client.flushdb()
             finally:
                 client.close()
-            detail = f"broker db flushed ({held} messages)"
+            self.broker_lost += held
+            for proc in self.frozen:
+                self.resume(proc)
+            self.frozen.clear()
+            detail = f"broker db flushed ({held} messages), workers resumed"
             self.fault_log.append(f"{time.monotonic() - self.t0:.1f}s {kind}: {detail}")
             self.log(f"fault {kind}: {detail}; resubmitting every key")
             for effect in list(self.effects.values()):
@@ -583,7 +607,7 @@ class Workload:
             )
 
     def heal(self) -> None:
-        for proc in list(self.stopped):
+        for proc in [*self.stopped, *self.frozen]:
             self.resume(proc)
         if not self.dep.ledger_server.running:
             self.dep.ledger_server.start()
@@ -639,6 +663,8 @@ def run_workload(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             now = time.monotonic() - work.t0
             if faults and faults[0][0] <= now:
                 work.inject(faults.pop(0)[1])
+                faults = sorted(faults + work.later)
+                work.later.clear()
                 continue
             if i < len(plan):
                 pause = work.t0 + window_s * 0.85 * i / len(plan) - time.monotonic()
@@ -679,6 +705,8 @@ def run_workload(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "states": dict(Counter(f.state for f in finals.values())),
             "operator": dict(work.operator),
             "faults": dict(work.fired),
+            "broker_lost_messages": work.broker_lost,
+            "operator_refusals": work.refusals,
             "fault_log": work.fault_log,
             "checker": verdict.figures,
             "dead_letters": len(dep.ledger().dead_letters(count=100_000)),
@@ -695,10 +723,11 @@ def run_workload(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def render(result: dict[str, Any]) -> str:
     lines = [f"effectq system checker — seed {result['seed']} — {result['chaos'].upper()}"]
     for name in ("effects", "submissions", "steps", "statuses", "executions", "states",
-                 "operator", "faults", "checker", "dead_letters", "supervisor_restarts",
-                 "chaos_s", "quiesce_s", "wall_s"):  # fmt: skip
+                 "operator", "faults", "broker_lost_messages", "checker", "dead_letters",
+                 "supervisor_restarts", "chaos_s", "quiesce_s", "wall_s"):  # fmt: skip
         lines.append(f"  {name:<20}{json.dumps(result.get(name))}")
     lines += [f"  fault  {line}" for line in result.get("fault_log", [])]
+    lines += [f"  refused  {line}" for line in result.get("operator_refusals", [])]
     lines += [f"  VIOLATION  {v}" for v in result.get("violations", [])[:30]]
     return "\n".join(lines)
 
