@@ -29,8 +29,8 @@ class Step:
     """One ledger call on key ``k``: ``kind`` (claim, commit, fail, heartbeat, handover,
     mark_unknown, takeover, an operator action, submit, confirm, expire), ``generation`` the
     claiming message's, ``outcome`` the answer (acquired, duplicate, ... / ok, fenced,
-    refused), ``receipt`` a claim's answered receipt text ('' for none), ``now_ms`` the
-    server's time a takeover answered, and the record before and after."""
+    refused), ``receipt`` and ``answered_generation`` a claim's answer ('' for no receipt),
+    ``now_ms`` the server's time a takeover answered, and the record before and after."""
 
     n: int
     kind: str
@@ -40,6 +40,7 @@ class Step:
     generation: int | None = None
     outcome: str = ""
     receipt: str = ""
+    answered_generation: int | None = None
     now_ms: int | None = None
 
     def __str__(self) -> str:
@@ -103,6 +104,16 @@ def check_step(step: Step) -> None:
         if step.outcome == "acquired":
             # No claim is granted while another is live, or on a settled effect.
             assert b is None or b["s"] in FREE, f"{step}: a claim granted on {b and b['s']}"
+            # The holder derives the provider's idempotency key from the answered
+            # generation: it is the record's, and never older than the message's.
+            assert a is None or step.answered_generation == int(a["g"]), (
+                f"{step}: acquired generation {step.answered_generation}, record g{a and a['g']}"
+            )
+            assert step.answered_generation is not None
+            assert step.answered_generation >= step.generation, (
+                f"{step}: a message of generation {step.generation} runs under generation "
+                f"{step.answered_generation}'s provider key"
+            )
         if b is not None and step.generation < int(b["g"]):
             # The generation rule, in every state: an older message never executes and
             # never rewrites the record.
@@ -147,20 +158,32 @@ def check_step(step: Step) -> None:
         assert _effect(a) == _effect(b), f"{step}: an UNKNOWN record changed without an operator"
 
 
-def check_run(steps: list[Step], keys: int) -> None:
-    """Every call of the run, and per key: tokens never fall, also across the record's
-    expiry, and every granted token is above any the key showed before."""
-    top = [0] * keys
-    for step in steps:
+class RunChecker:
+    """The rules over a whole run, one call after another: each call against check_step
+    and its record's whole history, and per key across the run (its record's expiry and
+    the fresh record after it included): tokens never fall, and every granted token is above
+    any the key showed before. Snapshots never change once taken, so each call is checked
+    once, as it joins the run; what carries over from call to call (the highest token each
+    key showed) spans the run from its first call."""
+
+    def __init__(self, keys: int) -> None:
+        self.top = [0] * keys
+        self.checked = 0
+
+    def check(self, steps: list[Step]) -> None:
+        for step in steps[self.checked :]:
+            self._check(step)
+            self.checked += 1
+
+    def _check(self, step: Step) -> None:
         check_step(step)
         check_history(step.k, step.after, str(step))
-        b, a = step.before, step.after
+        b, a, top = step.before, step.after, self.top
         if b is not None:
             assert int(b["t"]) >= top[step.k], f"{step}: token below t{top[step.k]} seen before"
             top[step.k] = int(b["t"])
         if a is not None:
-            granted = step.kind in ("claim", "takeover") and step.outcome == "acquired"
-            if granted:
+            if step.kind in ("claim", "takeover") and step.outcome == "acquired":
                 assert int(a["t"]) > top[step.k], (
                     f"{step}: granted t{a['t']}, the key showed t{top[step.k]} before"
                 )

@@ -143,20 +143,25 @@ class Model:
     def claim(self, k: int, fp: str, generation: int, holder: str, live: bool) -> ClaimExpect:
         r = self.records[k]
         if r is None:
+            # A record that expired took its generation along: the message's stays its own.
             token = self.floor.get(self.bucket_of[k], 0) + 1
-            r = Rec(CLAIMED, token, 0, fp, 1)
+            r = Rec(CLAIMED, token, generation, fp, 1)
             self._move(r, CLAIMED, token, "claim", exact=False)
             r.holder, r.lease_live = holder, live
             self.records[k] = r
-            return ClaimExpect(frozenset({"acquired"}), token, 0)
-        if r.state in (REVOKED, SUPERSEDED) and generation <= r.generation:
+            return ClaimExpect(frozenset({"acquired"}), token, generation)
+        if generation < r.generation:
+            # A message of a voided generation, in any state: never runs, never rewrites.
+            return ClaimExpect(frozenset({"duplicate"}), r.token, generation)
+        if r.state in (REVOKED, SUPERSEDED) and generation == r.generation:
             # A message queued before the revoke: a duplicate of the voided generation.
             if r.fingerprint != fp:
                 return ClaimExpect(frozenset({"duplicate", "conflict"}), r.token, r.generation)
             return ClaimExpect(frozenset({"duplicate"}), r.token, r.generation)
         if r.state in FREE:
-            if r.state != FAILED:
-                r.generation += 1
+            # FAILED: this generation's key is free, for this message's values (its
+            # generation is the record's or, after an expiry, a later one).
+            r.generation = r.generation + 1 if r.state != FAILED else generation
             r.fingerprint, r.receipt = fp, None
             r.attempts += 1
             self._move(r, CLAIMED, r.token + 1, "claim", exact=False)
