@@ -13,22 +13,17 @@ through the cluster client, which follows the redirect).
 
 from __future__ import annotations
 
-import codecs
-import contextlib
 import inspect
 import json
-import re
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
+from functools import cached_property
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode
 from redis.commands.core import Script
-from redis.connection import parse_url
-from redis.retry import Retry
 
+from .client import REDIS_ERRORS, client_from_url, ledger_error
+from .connection import Confirming, Connection, Submitting, ms
 from .errors import (
     LayoutChangedError,
     LedgerAuthError,
@@ -40,9 +35,8 @@ from .errors import (
     VolatileLedgerError,
 )
 from .identity import Effect
-from .keys import FOREIGN_PATTERNS, SCHEMA_KEY, SCHEMA_NAMESPACE, KeySpace, schema_field
+from .keys import FOREIGN_PATTERNS, SCHEMA_KEY, SCHEMA_NAMESPACE, schema_field
 from .records import Claim, EffectRecord, PendingMarker, State, Submission, Takeover, Write
-from .script import LedgerScript, Many, first_error
 from .states import CLAIMABLE
 
 __all__ = [
@@ -60,50 +54,9 @@ __all__ = [
 LEDGER_FORMAT = 1
 
 DEFAULT_BUCKETS = 256
-# Failover and resharding answers: the call did not run; the next one can.
-_TOPOLOGY = (
-    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
-    redis.exceptions.AskError,  # ASK, MOVED
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ReadOnlyError,  # a demoted master
-    redis.exceptions.RedisClusterException,  # no node for the slot in the client's map
-)
-# Error replies that mean "this server cannot write now" (memory full under noeviction,
-# persistence failing, too few replicas, a script running, loading, a replica, a cluster
-# reconfiguring, a script cache that will not reload): the call did not run and a later one
-# can, so the message stays alive. Redis 6.2 wraps a script's error as "… -CODE text".
-_CANNOT_WRITE = (
-    "OOM", "MISCONF", "NOREPLICAS", "BUSY", "LOADING", "READONLY", "MASTERDOWN",
-    "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT",
-)  # fmt: skip
-_CANNOT_WRITE_REPLY = re.compile(r"(?:^|: -)(" + "|".join(_CANNOT_WRITE) + r")\b")
-# redis-py strips the code from the replies it has a class for.
-_CODE_OF: dict[type[Exception], str] = {
-    redis.exceptions.OutOfMemoryError: "OOM",
-    redis.exceptions.BusyLoadingError: "LOADING",
-    redis.exceptions.ReadOnlyError: "READONLY",
-    redis.exceptions.MasterDownError: "MASTERDOWN",
-    redis.exceptions.ClusterDownError: "CLUSTERDOWN",
-    redis.exceptions.TryAgainError: "TRYAGAIN",
-    redis.exceptions.NoScriptError: "NOSCRIPT",
-}
-_REDIS_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException)
 # ledger.lua stores the request, receipt and raw response lengths in 3 bytes, notes in 2.
 _MAX_TEXT_BYTES = 2**24 - 1
 _NOTE_CHARS = 500  # 500 characters are at most 2,000 bytes
-# Ops sent once more after a lost reply (a timeout, a dropped connection; on a cluster
-# after the slot map is re-read): a repeat is harmless even if the first try ran
-# (heartbeat extends the lease again; commit, fail and handover under the same token answer
-# ok again). Not claim (a repeat answers in_flight against our own claim: the effect waits
-# for the lease and the reconciler), takeover (a repeat answers "lease live" and the token
-# is lost), unknown (a repeat counts as a fenced write), operate and recheck (a repeat is
-# refused): those go again only when the first certainly did not run (_did_not_run).
-# Submit batches have their own loop (_script_batch). The client never resends itself
-# (Ledger.__init__).
-_REPEATABLE = frozenset({"heartbeat", "commit", "fail", "handover"})
-# How long a batch of submits keeps re-sending through a failover (node timeout, election,
-# promotion: seconds on a healthy cluster).
-_FAILOVER_S = 30.0
 # Group membership on the server's clock: refresh one member, drop the silent, list the rest.
 _MEMBERS = """
 local t = redis.call('TIME')
@@ -114,197 +67,11 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
 
-def _did_not_run(exc: BaseException | None) -> bool:
-    """The call never reached a server that could run it: refused before running (a
-    failover, a moved slot, a demoted master), or its connection never opened — redis-py
-    words only a connect failure "connecting to" (``format_error_message``), and a lost
-    reply never so."""
-    if isinstance(exc, _TOPOLOGY):
-        return True
-    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and (
-        "connecting to" in str(exc)
-    )
-
-
 def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def ledger_error(exc: Exception, *, key: str | None = None) -> LedgerError:
-    """The LedgerError for a Redis error: what the caller may do about it.
-
-    LedgerUnavailableError (try again later: the message stays alive) for an unreachable
-    server and for every reply that means "cannot write now"; LedgerAuthError for refused
-    credentials; LedgerError for any other error reply (a script or configuration fault).
-    """
-    if isinstance(exc, redis.AuthenticationError):
-        return LedgerAuthError(f"ledger Redis refused the credentials: {exc}", key=key)
-    code = next((_CODE_OF[c] for c in type(exc).__mro__ if c in _CODE_OF), None)
-    if code is None and isinstance(exc, redis.ResponseError):
-        found = _CANNOT_WRITE_REPLY.search(str(exc))
-        code = found.group(1) if found else None
-    if code is not None:
-        return LedgerUnavailableError(f"ledger Redis cannot write now ({code}): {exc}", key=key)
-    if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.exceptions.AskError):
-        return LedgerError(f"ledger Redis refused the call: {exc}", key=key)
-    return LedgerUnavailableError(f"ledger Redis unavailable: {exc}", key=key)
-
-
-def _url_options(url: str) -> dict[str, Any]:
-    """redis-py's reading of one URL (host, port, credentials, db, TLS options…)."""
-    options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
-    return options
-
-
-def _seeds(url: str) -> list[str]:
-    """The comma-separated URLs of ``url``, checked to differ in host and port only (one
-    scheme, credentials, database and options: the cluster client takes them from one).
-    Errors name the position, never the URL (it may hold a password)."""
-    seeds = [part.strip() for part in url.split(",") if part.strip()]
-    if not seeds:
-        raise LedgerError("the ledger URL is empty")
-    shared = []
-    for n, seed in enumerate(seeds, start=1):
-        try:
-            options = _url_options(seed)
-        except ValueError:
-            raise LedgerError(
-                f"ledger URL {n} of {len(seeds)} is not a redis:// or rediss:// URL"
-            ) from None
-        options.pop("host", None)
-        options.pop("port", None)
-        shared.append(options)
-    if any(options != shared[0] for options in shared[1:]):
-        raise LedgerError(
-            "the ledger's seed URLs differ in more than host and port: list nodes of one "
-            "cluster with one scheme, credentials, database and options"
-        )
-    return seeds
-
-
-def _is_cluster(seeds: list[str], client_options: dict[str, Any]) -> bool:
-    """Ask the seeds in turn whether they are cluster nodes; the first answer decides."""
-    # One attempt and one reconnect per seed: the next seed is the retry.
-    probe_options = {**client_options, "retry": Retry(NoBackoff(), 1)}
-    errors: list[str] = []
-    for seed in seeds:
-        probe = redis.Redis.from_url(seed, **probe_options)
-        try:
-            return int(probe.info("cluster").get("cluster_enabled", 0)) == 1
-        except redis.AuthenticationError as exc:
-            raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
-        except redis.RedisError as exc:
-            errors.append(str(exc))
-        finally:
-            probe.close()
-    raise LedgerUnavailableError(
-        f"ledger Redis unreachable: no seed node of the ledger URL answered INFO cluster "
-        f"({len(seeds)} tried; last: {errors[-1]}), so it cannot tell a Redis Cluster "
-        "from a single Redis"
-    )
-
-
-def _cluster_client(seeds: list[str], client_options: dict[str, Any]) -> redis.RedisCluster:
-    """redis-py's cluster client bootstrapped from every seed (options from the first)."""
-    if int(_url_options(seeds[0]).get("db", 0)) != 0:
-        raise LedgerError("a Redis Cluster has only database 0: the ledger URL names another")
-    others = [_url_options(seed) for seed in seeds[1:]]
-    startup = [
-        ClusterNode(o.get("host", "localhost"), o.get("port", 6379))  # type: ignore[no-untyped-call]
-        for o in others
-    ]
-    try:
-        return redis.RedisCluster(url=seeds[0], startup_nodes=startup, **client_options)
-    except redis.AuthenticationError as exc:
-        raise LedgerAuthError(f"ledger Redis refused the credentials: {exc}") from None
-    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise LedgerUnavailableError(f"no seed node of the ledger URL answered: {exc}") from None
-
-
-def _misdetected() -> LedgerUnavailableError:
-    return LedgerUnavailableError(
-        "the ledger Redis answered MOVED: it is a Redis Cluster node, but this ledger was "
-        "built with a plain client. List the cluster's nodes in the ledger URL (cluster "
-        "detection asks them) or pass cluster=True."
-    )
-
-
-class Submitting:
-    """A submit batch ``Ledger.start_submit`` sent: its answers, read once."""
-
-    def __init__(self, ledger: Ledger, keys: list[str], replies: list[Any] | Many) -> None:
-        self._ledger, self._keys, self._replies = ledger, keys, replies
-
-    def answers(self) -> list[Submission]:
-        replies = self._replies
-        if isinstance(replies, Many):
-            with self._ledger.guard(reread=True):
-                try:
-                    replies = first_error(replies.replies())
-                except redis.exceptions.MovedError:
-                    raise _misdetected() from None
-        return [
-            Submission.from_reply(key, list(reply))
-            for key, reply in zip(self._keys, replies, strict=True)
-        ]
-
-    def abandon(self) -> None:
-        if isinstance(self._replies, Many):
-            self._replies.abandon()
-
-
-class Confirming:
-    """A confirm batch ``Ledger.start_confirm`` sent: ``wait`` reads it once."""
-
-    def __init__(self, ledger: Ledger, replies: Many | None) -> None:
-        self._ledger, self._replies = ledger, replies
-
-    def wait(self) -> None:
-        """Raises LedgerUnavailableError (as ``confirm_pending``) if the server failed."""
-        replies, self._replies = self._replies, None
-        if replies is not None:
-            with self._ledger.guard(reread=True):
-                try:
-                    first_error(replies.replies())
-                except redis.exceptions.MovedError:
-                    raise _misdetected() from None
-
-    def abandon(self) -> None:
-        replies, self._replies = self._replies, None
-        if replies is not None:
-            replies.abandon()
-
-
-def _check_reads_utf8(options: Mapping[str, Any]) -> None:
-    """Refuse client ``options`` (redis-py's connection keyword arguments) that would not
-    read the script's replies as the UTF-8 text they are.
-    Without decoding, a claim granted on the server fails to parse here (and its retry meets
-    its own claim); another codec or error handler alters a non-ASCII receipt or request
-    on its way back. ``decode_responses`` is taken as redis-py takes it (a URL's
-    ``?decode_responses=False`` is a non-empty string: it decodes). The message names the
-    options, never their values (they may come from a URL)."""
-    encoding = options.get("encoding") or "utf-8"
-    try:
-        codec = codecs.lookup(encoding).name if isinstance(encoding, str) else None
-    except LookupError:
-        codec = None
-    if (
-        not options.get("decode_responses")
-        or codec != "utf-8"
-        or options.get("encoding_errors", "strict") != "strict"
-    ):
-        raise LedgerConfigError(
-            "the ledger's Redis client must decode replies as UTF-8: decode_responses=True, "
-            "encoding utf-8, encoding_errors strict (check the client's options or the "
-            "ledger URL's query)"
-        )
-
-
-class Ledger:
+class Ledger(Connection):
     """One record per effect key, bucketed so each call touches one hash slot.
 
     Parameters
@@ -360,24 +127,16 @@ class Ledger:
                 "namespace must be non-empty, without braces, colons, spaces or glob "
                 "characters (* ? [ ] \\)"
             )
-        _check_reads_utf8(client.get_connection_kwargs())
-        # The ledger decides what is sent again after a lost reply (_REPEATABLE), so the
-        # client must not: redis-py's constructor and its cluster client resend a command
-        # that timed out, which for a claim answers in_flight against its own claim.
-        client.set_retry(Retry(NoBackoff(), 0))
-        self.client = client
-        self.namespace = namespace
-        self.buckets = buckets
-        self.keyspace = KeySpace(namespace, buckets)
-        self.wait_replicas = wait_replicas
-        self.wait_timeout_ms = wait_timeout_ms
+        super().__init__(
+            client,
+            namespace=namespace,
+            buckets=buckets,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        )
         self.max_request_bytes = max_request_bytes
         self.max_receipt_bytes = max_receipt_bytes
         self.max_raw_bytes = max_raw_bytes
-        # EVALSHA reloads on NOSCRIPT, so a Redis restart or failover (which empties the
-        # script cache) costs one extra round trip, not an error. Functions: script.py.
-        self._script = LedgerScript(client, functions=not self.cluster)
-        self._members: Script = client.register_script(_MEMBERS)
         if not allow_volatile:
             self.check_durability()
 
@@ -402,42 +161,18 @@ class Ledger:
         client_options.setdefault("socket_connect_timeout", 5.0)
         client_options.setdefault("health_check_interval", 30)
         client_options.setdefault("decode_responses", True)
-        seeds = _seeds(url)
-        # Before any call (INFO cluster is read through the same options); redis-py lets a
-        # URL's query override the keyword arguments.
-        _check_reads_utf8({**client_options, **_url_options(seeds[0])})
-        if cluster is None:
-            cluster = _is_cluster(seeds, client_options)
-        if cluster:
-            return cls(_cluster_client(seeds, client_options), **mine)
-        if len(seeds) > 1:
-            raise LedgerError(
-                "the ledger URL lists several nodes, but a plain Redis takes one URL (several "
-                "are seed nodes of a Redis Cluster, and this one is not a Redis Cluster node)"
-            )
-        return cls(redis.Redis.from_url(seeds[0], **client_options), **mine)
+        return cls(client_from_url(url, cluster=cluster, options=client_options), **mine)
 
-    @property
-    def cluster(self) -> bool:
-        """The ledger runs on a Redis Cluster."""
-        return isinstance(self.client, redis.RedisCluster)
+    @cached_property
+    def _members(self) -> Script:
+        return self.client.register_script(_MEMBERS)
 
     # -- keys -------------------------------------------------------------------------
-
-    def bucket_of(self, key: str) -> int:
-        return self.keyspace.bucket_of(key)
 
     def lease_indexes(self) -> list[str]:
         """Every bucket's lease index (a sorted set of keys by lease deadline, in ms), for
         readers that watch the backlog without a script (the metrics' scrape)."""
         return [self.keyspace.index(bucket, "leases") for bucket in range(self.buckets)]
-
-    def _keys(self, key: str) -> list[str]:
-        return self.keyspace.script_keys(key)
-
-    def _pending_key(self, key: str) -> str:
-        """``_keys(key)[3]`` alone (the producer's marker calls need no other)."""
-        return self.keyspace.pending(key)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -581,7 +316,7 @@ class Ledger:
             raise VolatileLedgerError(
                 f"cannot verify the ledger's persistence ({exc}); grant INFO or allow volatility"
             ) from None
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise LedgerUnavailableError(f"ledger Redis unreachable: {exc}") from None
         for info in per_node:
             if int(info.get("aof_enabled", 0)) != 1:
@@ -598,167 +333,6 @@ class Ledger:
                     "noeviction, or set EFFECTQ_ALLOW_VOLATILE_LEDGER=true if this ledger "
                     "may be volatile."
                 )
-
-    @contextlib.contextmanager
-    def guard(self, key: str | None = None, *, reread: bool = False) -> Iterator[None]:
-        """Run Redis calls; a Redis error leaves as the LedgerError ``ledger_error`` names.
-        ``reread``: a failover or moved slot re-reads the cluster's slot map (calls that go
-        through node pipelines, which the cluster client does not watch)."""
-        try:
-            yield
-        except _REDIS_ERRORS as exc:
-            if reread and isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *_TOPOLOGY)):
-                self._reread_slots()
-            raise ledger_error(exc, key=key) from None
-
-    def _call(self, op: str, key: str, *args: Any, repeat: bool = True) -> list[Any]:
-        argv = [op, key, *args]
-        try:
-            with self.guard(key, reread=True):
-                return self._send(op, key, argv)
-        except LedgerUnavailableError as exc:
-            # Once more (on the fresh slot map) where that cannot run it twice: the first
-            # did not run, or running it again is harmless (_REPEATABLE).
-            cause = exc.__context__
-            lost = isinstance(cause, (redis.ConnectionError, redis.TimeoutError))
-            if repeat and (_did_not_run(cause) or (lost and op in _REPEATABLE)):
-                return self._call(op, key, *args, repeat=False)
-            raise
-
-    def _send(self, op: str, key: str, argv: list[Any]) -> list[Any]:
-        if not self.wait_replicas:
-            try:
-                reply = self._script(self._keys(key), argv)
-            except redis.exceptions.MovedError:
-                # A plain client on a cluster node: a misconfiguration, not bad input.
-                if self.cluster:
-                    raise
-                raise _misdetected() from None
-        else:
-            # WAIT counts the replicas that acknowledged *this connection's* writes: the
-            # script and WAIT share one pipeline to the key's master.
-            def run() -> list[Any]:
-                pipe = self._node_pipeline(key)
-                self._script.queue(pipe, self._keys(key), argv)
-                pipe.execute_command(  # type: ignore[no-untyped-call]
-                    "WAIT", self.wait_replicas, self.wait_timeout_ms
-                )
-                return list(pipe.execute())
-
-            reply, acked = self._script.again_if_lost(run)
-            # Every write a failover could lose and that something acts on: a claim (its
-            # holder executes), a commit or fail (a duplicate is answered, a floor raised),
-            # a takeover, an operator's transition. Not acknowledged: "unavailable", and the
-            # caller retries (each of these is safe to repeat or leaves the record held).
-            if (
-                int(acked) < self.wait_replicas
-                and reply[0] in ("acquired", "ok")
-                and op in ("claim", "commit", "fail", "takeover", "operate", "unknown")
-            ):
-                raise LedgerUnavailableError(
-                    f"{op} acknowledged by {acked} of {self.wait_replicas} replicas", key=key
-                )
-        return list(reply)
-
-    def _node_pipeline(self, key: str) -> redis.client.Pipeline:
-        """A pipeline on one connection to the server holding ``key``."""
-        if isinstance(self.client, redis.RedisCluster):
-            return self._node_client(key).pipeline(transaction=False)
-        return self.client.pipeline(transaction=False)
-
-    def _node_client(self, key: str) -> redis.Redis:
-        """The cluster master serving ``key``'s bucket, as the client's slot map says."""
-        assert isinstance(self.client, redis.RedisCluster)
-        node = self.client.get_node_from_key(self._keys(key)[0])  # type: ignore[no-untyped-call]
-        return self.client.get_redis_connection(node)
-
-    def _reread_slots(self) -> None:
-        """A master failed or a slot moved under a node pipeline, which the cluster client
-        does not see: re-read the slot map so the next call finds the new master."""
-        if isinstance(self.client, redis.RedisCluster):
-            # No reachable node, or slots not covered yet mid-failover: keep the old map.
-            with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
-                self.client.nodes_manager.initialize()
-
-    def _script_batch(
-        self, calls: list[tuple[str, list[Any]]], *, read_only: bool = False
-    ) -> list[Any]:
-        """The script for each (effect key, argv), pipelined: one round trip per server.
-
-        Only for calls that are safe to repeat (``submit``: a repeat of one message id
-        answers as the first did; ``confirm``). On a cluster, the calls that met a
-        failover — a master that does not answer, CLUSTERDOWN while the cluster promotes
-        its replica, a slot that moved — go again after the slot map is re-read, backing
-        off, for up to ``_FAILOVER_S``: the node pipelines bypass the cluster client, which
-        would do that for a single call."""
-        if not isinstance(self.client, redis.RedisCluster):
-            try:
-                if len(calls) == 1:
-                    [(key, argv)] = calls
-                    return [self._script(self._keys(key), argv, read_only=read_only)]
-                keyed = [(self._keys(key), argv) for key, argv in calls]
-                return first_error(self._script.many(keyed, read_only=read_only))
-            except redis.exceptions.MovedError:
-                raise _misdetected() from None
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        deadline = time.monotonic() + _FAILOVER_S
-        pause = 0.05
-        while True:
-            again, failure = self._script_round(calls, todo, replies, read_only)
-            if not again:
-                return replies
-            self._reread_slots()
-            if time.monotonic() + pause > deadline:
-                raise failure
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
-            todo = again
-
-    def _script_round(
-        self,
-        calls: list[tuple[str, list[Any]]],
-        todo: list[int],
-        replies: list[Any],
-        read_only: bool,
-    ) -> tuple[list[int], Exception]:
-        """One pipeline per master for the calls ``todo``; fills ``replies``. Returns the
-        calls to send again (their master failed or moved) and the last such error."""
-        groups: dict[int, tuple[redis.Redis, list[int]]] = {}
-        try:
-            for i in todo:
-                node = self._node_client(calls[i][0])
-                groups.setdefault(id(node), (node, []))[1].append(i)
-        except redis.exceptions.RedisClusterException as exc:
-            return todo, exc  # a slot without a master in the client's map
-        again: list[int] = []
-        failure: Exception = LedgerUnavailableError("no failure")
-        for node, indexes in groups.values():
-            pipe = node.pipeline(transaction=False)
-            for i in indexes:
-                key, argv = calls[i]
-                self._script.queue(pipe, self._keys(key), argv, read_only=read_only)
-            try:
-                results = pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                again.extend(indexes)  # which of them ran is unknown: all go again
-                failure = exc
-                continue
-            for i, reply in zip(indexes, results, strict=True):
-                if isinstance(reply, redis.exceptions.AskError) and not isinstance(
-                    reply, redis.exceptions.MovedError
-                ):
-                    # A slot being migrated: the cluster client follows the ASK redirect.
-                    key, argv = calls[i]
-                    reply = self._script(self._keys(key), argv, read_only=read_only)
-                elif isinstance(reply, (*_TOPOLOGY, redis.ConnectionError, redis.TimeoutError)):
-                    again.append(i)
-                    failure = reply
-                    continue
-                elif isinstance(reply, Exception):
-                    raise reply
-                replies[i] = reply
-        return again, failure
 
     def request_text(self, effect: Effect) -> str:
         """The request stored with a claim (an operator replays from it), bounded. Submit
@@ -830,7 +404,7 @@ class Ledger:
                 self.request_text(effect)
         batch = [
             (effect.key, ["submit", effect.key, bytes.fromhex(effect.fingerprint), effect.tool,
-                          _ms(pending_s), message_id, "1" if force else "0", effect.fingerprint])
+                          ms(pending_s), message_id, "1" if force else "0", effect.fingerprint])
             for effect, message_id in calls
         ]  # fmt: skip
         keys = [effect.key for effect, _ in calls]
@@ -868,9 +442,9 @@ class Ledger:
         when this returns (this thread's other ledger calls go on meanwhile) and
         ``Confirming.wait`` reads them; on a cluster, or for one call, they are done by
         then."""
-        ms = _ms(pending_s)
+        pending_ms = ms(pending_s)
         batch = [
-            (effect.key, ["confirm", effect.key, message_id, effect.fingerprint, ms])
+            (effect.key, ["confirm", effect.key, message_id, effect.fingerprint, pending_ms])
             for effect, message_id in sent
         ]
         if not batch:
@@ -882,19 +456,6 @@ class Ledger:
                 return Confirming(self, None)
             keyed = [(self._keys(key), argv) for key, argv in batch]
             return Confirming(self, self._script.start_many(keyed, own_connection=True))
-
-    def commands(self, commands: list[list[Any]]) -> list[Any]:
-        """Plain commands in one round trip, their replies in order; the first error reply
-        raised. On one server they go on this thread's connection, written at once
-        (``dedupe.script.pipelined``: a third of a redis-py pipeline's client CPU per
-        command); on a cluster through its pipeline, which routes each to its slot. The
-        caller holds ``guard``."""
-        if isinstance(self.client, redis.RedisCluster):
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
-            for command in commands:
-                pipe.execute_command(*command)
-            return list(pipe.execute())
-        return self._script.commands(commands)
 
     def has_pending(self, key: str) -> bool:
         """A pending marker stands for a message that may still run ``key``."""
@@ -981,13 +542,13 @@ class Ledger:
         known) — where a claim would be granted, a message older than ``window_s`` (the
         provider's idempotency window) on the ledger's clock is ``stale``, never run."""
         request = self.request_text(effect)
-        argv = [bytes.fromhex(effect.fingerprint), effect.tool, _ms(lease_s), holder, request,
+        argv = [bytes.fromhex(effect.fingerprint), effect.tool, ms(lease_s), holder, request,
                 campaign or "", generation, max(submitted_ms, 0), int(window_s * 1000)]  # fmt: skip
         return Claim.from_reply(effect.key, self._call("claim", effect.key, *argv))
 
     def heartbeat(self, key: str, token: int, *, lease_s: float) -> Write:
         """Extend the lease of CLAIMED / RECONCILING held under ``token``."""
-        return Write.from_reply(self._call("heartbeat", key, token, _ms(lease_s)))
+        return Write.from_reply(self._call("heartbeat", key, token, ms(lease_s)))
 
     def commit(
         self,
@@ -1004,12 +565,12 @@ class Ledger:
         record becomes UNKNOWN (evidence of execution blocks the key for an operator)."""
         text, raw_text = self._receipt_texts(receipt, raw, key)
         return Write.from_reply(
-            self._call("commit", key, token, text, raw_text, _ms(retention_s), note[:_NOTE_CHARS])
+            self._call("commit", key, token, text, raw_text, ms(retention_s), note[:_NOTE_CHARS])
         )
 
     def fail(self, key: str, token: int, *, reason: str, retention_s: float) -> Write:
         """CLAIMED / RECONCILING under ``token`` → FAILED: known not executed."""
-        reply = self._call("fail", key, token, reason[:_NOTE_CHARS], _ms(retention_s))
+        reply = self._call("fail", key, token, reason[:_NOTE_CHARS], ms(retention_s))
         return Write.from_reply(reply)
 
     def handover(self, key: str, token: int, *, reason: str) -> Write:
@@ -1020,7 +581,7 @@ class Ledger:
 
     def takeover(self, key: str, *, lease_s: float, holder: str) -> Takeover | None:
         """Take an expired CLAIMED / RECONCILING record over under a new token, or None."""
-        reply = self._call("takeover", key, _ms(lease_s), holder)
+        reply = self._call("takeover", key, ms(lease_s), holder)
         if reply[0] != "acquired":
             return None
         late = json.loads(reply[7])
@@ -1064,7 +625,7 @@ class Ledger:
         text, raw_text = self._receipt_texts(receipt, raw, key) if receipt is not None else ("", "")
         override = "1" if override_evidence else "0"
         reply = self._call(
-            "operate", key, action, note[:_NOTE_CHARS], _ms(retention_s), text, raw_text, override
+            "operate", key, action, note[:_NOTE_CHARS], ms(retention_s), text, raw_text, override
         )
         if reply[0] == "refused" and len(reply) > 3:
             late = int(reply[3])
@@ -1248,7 +809,7 @@ class Ledger:
     def members(self, group: str, member: str, *, ttl_s: float) -> list[str]:
         """Refresh ``member`` of ``group`` and return the live members (seen within ttl)."""
         with self.guard():
-            live = self._members(keys=[self.keyspace.group(group)], args=[member, _ms(ttl_s)])
+            live = self._members(keys=[self.keyspace.group(group)], args=[member, ms(ttl_s)])
         return [str(m) for m in live]
 
     def leave(self, group: str, member: str) -> None:
