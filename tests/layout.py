@@ -1,9 +1,10 @@
 """The import graph of effectq's three packages, read from the source (no module is run).
 
 ``python -m tests.layout`` prints every module with the effectq modules it imports (at
-module level and inside functions; ``if TYPE_CHECKING:`` blocks are left out, since they
-never run), then the floors below and any cycle or upward import. ``tests/unit/test_layout.py``
-asserts there are none.
+module level, inside functions, and under ``if TYPE_CHECKING:``: a type-only import is a
+dependency a reader follows and a circle mypy resolves, even if it never runs), then the
+floors below and any cycle or upward import. ``tests/unit/test_layout.py`` asserts there are
+none.
 
 Floors, lowest first; a module may import its own floor and the floors below it:
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,26 +58,10 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _walk(node: ast.AST) -> Iterator[ast.AST]:
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
-            yield from (n for c in child.orelse for n in (c, *_walk(c)))
-            continue
-        yield child
-        yield from _walk(child)
-
-
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
-    for node in _walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

@@ -45,9 +45,8 @@ from dedupe.ledger import Confirming
 from . import tracing
 from .broker.fanout import Sending, send_many
 from .producer import finish_confirm, pending_ttl_s, start_confirm
-from .registry import get_tool
 from .runtime import current
-from .tool import SUBMITTED_MS, EffectTool, Envelope
+from .tool import SUBMITTED_MS, EffectTool, Envelope, get_tool
 
 __all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
 

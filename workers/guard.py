@@ -37,8 +37,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 from dedupe import Effect, EffectRecord, IdentityError, MissingFieldError, SpecError, State
 
 from .producer import Status, poll_record, submit
-from .registry import get_tool
-from .tool import EffectTool
+from .tool import EffectTool, get_tool
 
 __all__ = [
     "RESERVED_FIELDS",

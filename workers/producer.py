@@ -30,9 +30,8 @@ from dedupe.ledger import Confirming
 
 from . import tracing
 from .broker.redis import EffectqRedisBroker
-from .registry import get_tool
 from .runtime import Runtime, current
-from .tool import SUBMITTED_MS, EffectTool, Envelope
+from .tool import SUBMITTED_MS, EffectTool, Envelope, get_tool
 
 __all__ = [
     "Handle",

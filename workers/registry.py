@@ -2,37 +2,60 @@
 
 ``@effect_tool`` registers here; the worker entry point, the CLI, the API and the
 reconciler load ``EFFECTQ_TOOLS`` through ``load`` and read the specs through ``specs``.
+A tool is held as what this floor reads of it (``DeclaredTool``); ``workers.tool.get_tool``
+answers the ``EffectTool`` itself.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dedupe import MessageError, ToolSpec
 
-if TYPE_CHECKING:
-    from .tool import EffectTool
+__all__ = [
+    "DeclaredTool",
+    "ToolsModuleError",
+    "get_tool",
+    "load",
+    "register",
+    "specs",
+    "tools",
+]
 
-__all__ = ["ToolsModuleError", "get_tool", "load", "register", "specs", "tools"]
 
-_TOOLS: dict[str, EffectTool] = {}
+class DeclaredTool(Protocol):
+    """What the registry's readers take from a declared tool (``workers.tool.EffectTool``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> ToolSpec: ...
+
+    @property
+    def queue_name(self) -> str | None:
+        """The queue its actor is consumed from, once bound (None before)."""
+        ...
+
+
+_TOOLS: dict[str, DeclaredTool] = {}
 
 
 class ToolsModuleError(MessageError):
     """The tools module cannot be imported (named by module, never by its error's text)."""
 
 
-def register(tool: EffectTool) -> None:
+def register(tool: DeclaredTool) -> None:
     _TOOLS[tool.name] = tool
 
 
-def tools() -> list[EffectTool]:
+def tools() -> list[DeclaredTool]:
     return list(_TOOLS.values())
 
 
-def get_tool(name: str) -> EffectTool:
+def get_tool(name: str) -> DeclaredTool:
     try:
         return _TOOLS[name]
     except KeyError:

@@ -25,13 +25,14 @@ from dramatiq.middleware import CurrentMessage
 
 from dedupe import EffectqError, Ledger, failpoints
 
-from . import metrics, registry
+from . import metrics
 from .broker import build_broker
 from .broker.middleware import EffectMiddleware
 from .settings import Settings, ledger_from_settings
 
 __all__ = [
     "Runtime",
+    "after_install",
     "broker",
     "configure_process",
     "current",
@@ -90,12 +91,15 @@ class Runtime:
             self._adopt(broker)
 
     def _adopt(self, broker: dramatiq.Broker) -> dramatiq.Broker:
-        """Use ``broker``, with effectq's middleware on it reporting to this runtime."""
+        """Use ``broker``, with effectq's middleware on it reporting to this runtime's ledger
+        and dead-letter stream."""
         ours = [m for m in broker.middleware if isinstance(m, EffectMiddleware)]
         for middleware in ours:
-            middleware.runtime = self
+            middleware.ledger, middleware.dead_letter = self.ledger, self.record_dead_letter
         if not ours:
-            broker.add_middleware(EffectMiddleware(self))
+            broker.add_middleware(
+                EffectMiddleware(ledger=self.ledger, dead_letter=self.record_dead_letter)
+            )
         if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
             broker.add_middleware(CurrentMessage())
         self._broker = broker
@@ -150,6 +154,9 @@ class Runtime:
 
 _lock = threading.Lock()
 _installed: Runtime | None = None
+#: What ``install`` does next with the runtime it installed: the tool module binds every
+#: declared tool to it (this module knows no tool).
+_then: list[Callable[[Runtime], None]] = []
 
 
 def configure_process(settings: Settings) -> None:
@@ -164,7 +171,7 @@ def configure_process(settings: Settings) -> None:
 def install(runtime: Runtime) -> Runtime:
     """Make ``runtime`` this process's runtime: Dramatiq's global broker, the failpoints of
     its settings armed, every declared tool bound to it (a process re-pointed at another
-    deployment: the demo, tests)."""
+    deployment: the demo, tests) through the steps given to ``after_install``."""
     global _installed
     with _lock:
         configure_process(runtime.settings)
@@ -172,9 +179,14 @@ def install(runtime: Runtime) -> Runtime:
         # an earlier runtime of this process).
         dramatiq.set_broker(runtime._adopt(runtime.broker))
         _installed = runtime
-    for tool in registry.tools():
-        tool.bind(runtime)
+    for step in list(_then):
+        step(runtime)
     return runtime
+
+
+def after_install(step: Callable[[Runtime], None]) -> None:
+    """Have ``install`` call ``step`` with each runtime it installs from now on."""
+    _then.append(step)
 
 
 def installed() -> Runtime | None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
@@ -67,8 +67,7 @@ from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 from . import logs, metrics, registry, tracing
 from .broker.redis import EffectqRedisBroker
 from .leases import Held, LeaseKeeper
-from .registry import get_tool
-from .runtime import Runtime, current, installed
+from .runtime import Runtime, after_install, current, installed
 from .settings import Settings
 
 __all__ = [
@@ -237,6 +236,8 @@ class EffectTool:
             "retry_when": _retry_when(cfg.max_retries),
             "min_backoff": cfg.retry_min_backoff_ms,
             "max_backoff": cfg.retry_max_backoff_ms,
+            # Its redelivered message is a duplicate to the claim: its ack may join a batch.
+            "redelivery_is_duplicate": True,
         }
         actor = self._actor
         if actor is None:
@@ -253,9 +254,6 @@ class EffectTool:
             actor.options.update(options)
             actor.broker = rt.broker
             rt.broker.declare_actor(actor)
-        if isinstance(rt.broker, EffectqRedisBroker):
-            # Its redelivered message is a duplicate to the claim: its ack may join a batch.
-            rt.broker.batch_acks(actor.actor_name)
         self._actor, self._runtime = actor, rt
         self._keepers.clear()
         self._metrics = metrics.for_tool(self.spec.name)
@@ -277,6 +275,11 @@ class EffectTool:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def queue_name(self) -> str | None:
+        """Its actor's queue once bound, else None (reading it binds nothing)."""
+        return self._actor.queue_name if self._actor is not None else None
 
     def derive(self, scope: str, args: Mapping[str, Any], action: str | None = None) -> Effect:
         return derive(self.spec, scope, args, action=action)
@@ -605,3 +608,18 @@ def effect_tool(
         return tool
 
     return wrap
+
+
+def get_tool(name: str) -> EffectTool:
+    """The declared tool ``name`` (a ``MessageError`` naming the declared ones if none)."""
+    # Only effect_tool registers, so every registered tool is an EffectTool.
+    return cast(EffectTool, registry.get_tool(name))
+
+
+def _bind_declared(rt: Runtime) -> None:
+    for tool in registry.tools():
+        cast(EffectTool, tool).bind(rt)
+
+
+# A runtime installed later (the demo, tests) takes every tool declared before it.
+after_install(_bind_declared)

@@ -437,7 +437,7 @@ def recheck(
 def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
     """Submit the stored request of a FAILED / REVOKED / SUPERSEDED effect again."""
     from .producer import submit
-    from .registry import get_tool
+    from .tool import get_tool
 
     def enqueue(record: EffectRecord) -> str:
         request = record.request or {}
@@ -499,7 +499,9 @@ def dead_queue(
     broker = rt.broker
     if not isinstance(broker, EffectqRedisBroker):
         raise MessageError(f"{action} needs the Redis broker (RabbitMQ: its queue <queue>.XQ)")
-    names = queues or sorted({t.actor.queue_name for t in tools()} | {rt.settings.queue})
+    # current() bound every declared tool: each has its queue.
+    bound = {t.queue_name for t in tools()}
+    names = queues or sorted({q for q in bound if q is not None} | {rt.settings.queue})
     wanted = set(message_ids) or None
     done: list[str] = []
     refused: list[str] = []

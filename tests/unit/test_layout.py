@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests import layout
 
@@ -31,6 +32,19 @@ def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one() -> None
     assert layout.violations({"workers.runtime": {"workers.dev.sandbox"}}) == [
         "workers.runtime -> workers.dev.sandbox: the local harness, from outside it"
     ]
+
+
+def test_an_import_only_for_type_checking_is_an_edge_too(tmp_path: Path) -> None:
+    # A circle closed only under `if TYPE_CHECKING:` is still one a reader has to untie.
+    module = tmp_path / "registry.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from .tool import EffectTool\n",
+        encoding="utf-8",
+    )
+    known = {"workers.registry": module, "workers.tool": module}
+    assert layout.imports_of("workers.registry", module, known) == {"workers.tool"}
 
 
 def test_a_worker_process_never_loads_the_local_harness_or_the_faces() -> None:

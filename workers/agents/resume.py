@@ -30,8 +30,7 @@ from dedupe import NotFoundError, State
 
 from .. import verbs
 from ..guard import OutcomeStatus, guarded
-from ..registry import get_tool
-from ..tool import EffectTool
+from ..tool import EffectTool, get_tool
 
 __all__ = ["Decision", "Recovery", "recover"]
 

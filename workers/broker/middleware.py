@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
@@ -23,8 +24,7 @@ from dedupe import (
     StaleMessageError,
 )
 
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+from .dead_letters import DeadLetterSink
 
 __all__ = ["EffectMiddleware", "LedgerRefused", "dead_letter_kind"]
 
@@ -70,10 +70,18 @@ def _drain_once() -> None:
 class EffectMiddleware(dramatiq.Middleware):
     """Refuses to consume on a ledger it cannot reach or trust; drains on the first shutdown
     signal, however often it arrives; records why each dead-lettered message died, and
-    frees its pending marker."""
+    frees its pending marker.
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    It is handed what it calls — a way to reach the ledger and a dead-letter sink — not the
+    runtime that owns them, so it sits below the runtime."""
+
+    #: Set on an actor whose redelivered message is a duplicate to its claim (every effect
+    #: tool's): a broker may then ack its messages in batches (``broker.redis``).
+    actor_options: ClassVar[set[str]] = {"redelivery_is_duplicate"}
+
+    def __init__(self, *, ledger: Callable[[], object], dead_letter: DeadLetterSink) -> None:
+        self.ledger = ledger
+        self.dead_letter = dead_letter
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         # Dramatiq's CLI installed its handlers before importing the broker module.
@@ -82,7 +90,7 @@ class EffectMiddleware(dramatiq.Middleware):
     def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         try:
             # Connecting checks persistence: a ledger without AOF would grant claims twice.
-            self.runtime.ledger()
+            self.ledger()
         except Exception as exc:
             # Unreachable, refusing, untrustworthy: a worker that consumed now would only
             # fail its messages. The process exits before it consumes anything, and its
@@ -100,7 +108,7 @@ class EffectMiddleware(dramatiq.Middleware):
         else:
             reason = "rejected"
         key = getattr(exc, "key", None)
-        self.runtime.record_dead_letter(
+        self.dead_letter(
             message_id=message.message_id,
             tool=message.actor_name,
             key=key if isinstance(key, str) else None,

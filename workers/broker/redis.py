@@ -152,6 +152,7 @@ class EffectqRedisBroker(RedisBroker):
         self._forced = threading.local()
         self.batched_acks: set[str] = set()
         self.add_middleware(_Maintenance(maintenance_interval_ms / 1000))
+        self.add_middleware(_BatchAcks())
 
     def batch_acks(self, actor_name: str) -> None:
         """Ack ``actor_name``'s messages in batches (the module's docstring): only for an
@@ -211,6 +212,16 @@ class EffectqRedisBroker(RedisBroker):
             self.do_qsize(queue_name)  # the cheapest command of Dramatiq's dispatch script
         finally:
             self._forced.on = False
+
+
+class _BatchAcks(dramatiq.Middleware):
+    """Batches the acks of each actor declared with ``redelivery_is_duplicate`` (an effect
+    tool: ``EffectMiddleware`` names the option), whoever declares it."""
+
+    def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[..., Any]) -> None:
+        duplicate = actor.options.get("redelivery_is_duplicate")
+        if duplicate and isinstance(broker, EffectqRedisBroker):
+            broker.batch_acks(actor.actor_name)
 
 
 class _Maintenance(dramatiq.Middleware):

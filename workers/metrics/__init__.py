@@ -243,9 +243,7 @@ def _actor_queue(name: str) -> str | None:
 
     for tool in registry.tools():
         if tool.name == name:
-            # Read, not ``tool.actor``: that would bind it, and binding asks for_tool.
-            actor = tool._actor
-            return actor.queue_name if actor is not None else None
+            return tool.queue_name  # read without binding it: binding asks for_tool
     return None
 
 
