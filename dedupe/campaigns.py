@@ -25,6 +25,16 @@ reply says whether a key is new to the plan, so spellings collapse without the p
 holding the list), the plan fingerprint is folded in as rows arrive (``PlanDigest``), and
 only the complete plan is approved.
 
+A submission's staging receipt, ``<ns>:campaign:<tag>:staged:{<plan key>}`` (hash: the last
+staged batch's number and which of its rows were new), sits in its plan's slot, so staging
+a batch again after a lost reply answers what the first staging did.
+
+On a Redis Cluster every call of the store rides out a failover, as the ledger's submits
+do: a call that met a dead master, CLUSTERDOWN or a moved slot goes again on a re-read slot
+map, backing off, for up to ``FAILOVER_S``. Each call is safe to repeat: plain writes of
+fixed values, reads, the staging script (its receipt) and the approval (a repeat that finds
+this very plan approved is this approval).
+
 Every one of them expires with the records it describes: its TTL (the tool's retention
 plus its provider window: a message older than the window never executes) is refreshed
 by each submission of the campaign.
@@ -40,10 +50,15 @@ whose plan expired) records them as a baseline in the meta, subtracted from ever
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from typing import TypeVar, cast
 
+import redis
+
+from .errors import LedgerUnavailableError
 from .identity import normalize_scope
 from .ledger import Ledger
 from .records import State
@@ -53,6 +68,34 @@ __all__ = [
 ]  # fmt: skip
 
 _BATCH = 2000
+T = TypeVar("T")
+#: How long a campaign store call keeps going again through a cluster failover (node
+#: timeout, election, promotion: seconds on a healthy cluster), as the ledger's submits.
+FAILOVER_S = 30.0
+# What a failover answers: the master is gone, the cluster is electing, the slot moved.
+_FAILOVER = (
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError,
+    redis.exceptions.AskError, redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError,
+    redis.exceptions.RedisClusterException,
+)  # fmt: skip
+_FAILOVER_REPLIES = ("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "LOADING")
+# Staging, repeatable: KEYS[1] the plan, KEYS[2] its staging receipt (same slot); ARGV[1] the
+# batch number, ARGV[2] TTL ms, ARGV[3..] field, value pairs. Returns one '1' (new to the
+# plan) or '0' per row; the batch staged already (a repeat after a lost reply) answers as
+# it did the first time, not '0' for the rows it wrote itself.
+_STAGE = """
+local last = redis.call('HMGET', KEYS[2], 'batch', 'new')
+if last[1] == ARGV[1] then return last[2] end
+local new = {}
+for i = 3, #ARGV, 2 do
+  new[#new + 1] = tostring(redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]))
+end
+local bits = table.concat(new)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], 'batch', ARGV[1], 'new', bits)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return bits
+"""
 # Approval: write the meta only if it is still the one the submitter checked its plan
 # against (absent, or the same version and fingerprints), or already this very plan.
 # KEYS[1] meta; ARGV[1] expected "version|plan fp|args fp" ('' = none), ARGV[2] this plan's,
@@ -137,11 +180,36 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+def _failover(exc: LedgerUnavailableError) -> bool:
+    cause = exc.__context__
+    return isinstance(cause, _FAILOVER) or str(cause).startswith(_FAILOVER_REPLIES)
+
+
 class CampaignStore:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.client = ledger.client
         self._approve = self.client.register_script(_APPROVE)
+        self._stage = self.client.register_script(_STAGE)
+        self._staged = 0  # batches this store staged: each batch's number in its receipt
+
+    def _run(self, call: Callable[[], T]) -> T:
+        """``call`` (Redis calls that are safe to repeat), its errors as LedgerErrors; on a
+        cluster, again through a failover for up to ``FAILOVER_S`` (module docstring)."""
+        if not self.ledger.cluster:
+            with self.ledger.guard():
+                return call()
+        deadline = time.monotonic() + FAILOVER_S
+        pause = 0.05
+        while True:
+            try:
+                with self.ledger.guard(reread=True):  # the next try finds the new master
+                    return call()
+            except LedgerUnavailableError as exc:
+                if not _failover(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _key(self, campaign_id: str, *parts: str | int) -> str:
         return self.ledger.keyspace.campaign(campaign_tag(campaign_id), *parts)
@@ -152,8 +220,7 @@ class CampaignStore:
         return self._key(plan.campaign_id, kind, plan.version, plan.plan_fingerprint[:16])
 
     def meta(self, campaign_id: str) -> CampaignPlan | None:
-        with self.ledger.guard():
-            fields: dict[str, str] = self.client.hgetall(self._key(campaign_id))  # type: ignore[assignment]
+        fields = self._hash(self._key(campaign_id))
         if not fields:
             return None
         return CampaignPlan(
@@ -174,10 +241,12 @@ class CampaignStore:
         For each row, whether its key is new to the plan (False: another spelling of a
         recipient staged before)."""
         key = self._plan_key(plan)
-        commands = [["HSET", key, field, value] for field, value in rows.items()]
-        with self.ledger.guard():
-            replies = self.ledger.commands([*commands, ["PEXPIRE", key, _ms(ttl_s)]])
-        return [bool(n) for n in replies[:-1]]
+        receipt = f"{self._key(plan.campaign_id, 'staged')}:{{{key}}}"
+        self._staged += 1
+        args: list[str | int] = [self._staged, _ms(ttl_s)]
+        args += [x for row in rows.items() for x in row]
+        bits = self._run(lambda: self._stage(keys=[key, receipt], args=args))
+        return [b == "1" for b in str(bits)]
 
     def diff(
         self, plan: CampaignPlan, approved: CampaignPlan, *, ttl_s: float | None = None
@@ -190,8 +259,7 @@ class CampaignStore:
         new = self._plan_key(plan)
         for source in ("plan", "removed"):
             for page in self._pages(self._plan_key(approved, source)):
-                with self.ledger.guard():
-                    held = self.client.hmget(new, list(page))
+                held = self._run(lambda: self.client.hmget(new, list(page)))  # noqa: B023
                 gone = {k: v for (k, v), h in zip(page.items(), held, strict=True) if h is None}
                 if source == "plan":
                     removed += len(gone)
@@ -202,12 +270,18 @@ class CampaignStore:
 
     def discard(self, plan: CampaignPlan, *, rows: bool = True) -> None:
         """Delete a staged plan that was not approved (or only its removed rows)."""
-        names = [self._plan_key(plan, "removed")] + ([self._plan_key(plan)] if rows else [])
-        with self.ledger.guard():
+        names = [self._plan_key(plan, "removed")]
+        if rows:
+            plan_key = self._plan_key(plan)
+            names += [plan_key, f"{self._key(plan.campaign_id, 'staged')}:{{{plan_key}}}"]
+
+        def delete() -> None:
             pipe = self.client.pipeline(transaction=False)
             for name in names:  # one key per command: Cluster-safe
                 pipe.delete(name)
             pipe.execute()
+
+        self._run(delete)
 
     def approve(
         self, plan: CampaignPlan, *, approved: CampaignPlan | None, ttl_s: float | None
@@ -222,11 +296,20 @@ class CampaignStore:
             counts = self.ledger.campaign_counts(campaign_tag(plan.campaign_id))
             meta += [part for k, n in counts.items() if n for part in (f"base:{k}", str(n))]
         ttl = _ms(ttl_s) if ttl_s is not None else 0
-        with self.ledger.guard():
-            answer = self._approve(
-                keys=[self._key(plan.campaign_id)], args=[expected, plan.token, ttl, *meta]
+        answer = str(
+            self._run(
+                lambda: self._approve(
+                    keys=[self._key(plan.campaign_id)], args=[expected, plan.token, ttl, *meta]
+                )
             )
-        return str(answer) if str(answer) in ("ok", "same") else "other"
+        )
+        if answer == "same" and plan.rows_id:
+            # This very plan under this submission's rows: a repeat of this approval after
+            # a lost reply (the first one wrote it), not another submission's.
+            current = self.meta(plan.campaign_id)
+            if current is not None and current.rows_id == plan.rows_id:
+                return "ok"
+        return answer if answer in ("ok", "same") else "other"
 
     def freeze(
         self,
@@ -250,7 +333,8 @@ class CampaignStore:
         items = list(mapping.items())
         if not items:
             return
-        with self.ledger.guard():
+
+        def write() -> None:
             pipe = self.client.pipeline(transaction=False)
             for lo in range(0, len(items), _BATCH):
                 pipe.hset(key, mapping=dict(items[lo : lo + _BATCH]))
@@ -258,12 +342,12 @@ class CampaignStore:
                 pipe.pexpire(key, _ms(ttl_s))
             pipe.execute()
 
+        self._run(write)
+
     def _pages(self, key: str) -> Iterator[dict[str, str]]:
         cursor = 0
         while True:
-            with self.ledger.guard():
-                found: dict[str, str]
-                cursor, found = self.client.hscan(key, cursor=cursor, count=_BATCH)  # type: ignore[assignment]
+            cursor, found = self._run(lambda: self._scan(key, cursor, _BATCH))  # noqa: B023
             if found:
                 yield {str(k): str(v) for k, v in found.items()}
             if not cursor:
@@ -276,11 +360,14 @@ class CampaignStore:
     ) -> None:
         """Record a job's phase and progress; it expires ``ttl_s`` after its last update."""
         key = self._key(campaign_id, "job", job_id)
-        with self.ledger.guard():
+
+        def write() -> None:
             pipe = self.client.pipeline(transaction=False)
             pipe.hset(key, mapping={k: v for k, v in fields.items()})
             pipe.pexpire(key, _ms(ttl_s))
             pipe.execute()
+
+        self._run(write)
 
     def job(self, campaign_id: str, job_id: str) -> dict[str, str] | None:
         found = self._hash(self._key(campaign_id, "job", job_id))
@@ -288,7 +375,8 @@ class CampaignStore:
 
     def touch(self, plan: CampaignPlan, ttl_s: float) -> None:
         """Keep the approved plan's keys as long as the records a submission may create."""
-        with self.ledger.guard():
+
+        def refresh() -> None:
             pipe = self.client.pipeline(transaction=False)
             for key in (self._key(plan.campaign_id), self._plan_key(plan),
                         self._plan_key(plan, "removed"),
@@ -296,18 +384,25 @@ class CampaignStore:
                 pipe.pexpire(key, _ms(ttl_s))
             pipe.execute()
 
+        self._run(refresh)
+
     def removed_rows(self, plan: CampaignPlan) -> dict[str, str]:
         """Effect key -> recipient of the earlier plans' recipients ``plan`` dropped."""
         return self._hash(self._plan_key(plan, "removed"))
 
     def _hash(self, key: str) -> dict[str, str]:
-        with self.ledger.guard():
-            found: dict[str, str] = self.client.hgetall(key)  # type: ignore[assignment]
+        found = cast("dict[str, str]", self._run(lambda: self.client.hgetall(key)))
         return {str(k): str(v) for k, v in found.items()}
 
+    def _scan(self, key: str, cursor: int, count: int) -> tuple[int, dict[str, str]]:
+        after, found = cast(
+            "tuple[int, dict[str, str]]", self.client.hscan(key, cursor=cursor, count=count)
+        )
+        return int(after), found
+
     def plan_keys(self, plan: CampaignPlan) -> set[str]:
-        with self.ledger.guard():
-            return {str(k) for k in self.client.hkeys(self._plan_key(plan))}
+        names = cast("list[str]", self._run(lambda: self.client.hkeys(self._plan_key(plan))))
+        return {str(k) for k in names}
 
     def mark_sent(
         self, campaign_id: str, version: int, keys: Iterable[str], *, ttl_s: float | None = None
@@ -315,35 +410,40 @@ class CampaignStore:
         keys = list(keys)
         if keys:
             sent = self._key(campaign_id, "sent", version)
-            with self.ledger.guard():
+
+            def write() -> None:
                 pipe = self.client.pipeline(transaction=False)
                 pipe.sadd(sent, *keys)
                 if ttl_s is not None:
                     pipe.pexpire(sent, _ms(ttl_s))
                 pipe.execute()
 
+            self._run(write)
+
     def sent_count(self, campaign_id: str, version: int) -> int:
-        with self.ledger.guard():
-            return int(self.client.scard(self._key(campaign_id, "sent", version)))
+        key = self._key(campaign_id, "sent", version)
+        return int(self._run(lambda: self.client.scard(key)))
 
     def rows(
         self, plan: CampaignPlan, *, cursor: int = 0, count: int = 100
     ) -> tuple[int, list[tuple[str, str, bool]]]:
         """A page of (key, recipient, sent) rows of ``plan``; cursor 0 ends."""
-        with self.ledger.guard():
-            found: dict[str, str]
-            cursor, found = self.client.hscan(self._plan_key(plan), cursor=cursor, count=count)  # type: ignore[assignment]
-            keys = list(found)
-            sent_key = self._key(plan.campaign_id, "sent", plan.version)
-            sent = self.client.smismember(sent_key, keys) if keys else []
-        return int(cursor), [
-            (str(k), str(found[k]), bool(s)) for k, s in zip(keys, sent, strict=True)
-        ]
+        sent_key = self._key(plan.campaign_id, "sent", plan.version)
+
+        def page() -> tuple[int, dict[str, str], list[bool]]:
+            after, found = self._scan(self._plan_key(plan), cursor, count)
+            sent = self.client.smismember(sent_key, list(found)) if found else []
+            return after, found, [bool(s) for s in cast("list[int]", sent)]
+
+        after, found, sent = self._run(page)
+        keys = list(found)
+        return after, [(str(k), str(found[k]), bool(s)) for k, s in zip(keys, sent, strict=True)]
 
     def _baseline(self, campaign_id: str) -> dict[str, int]:
         states = [s.value for s in State]
-        with self.ledger.guard():
-            found = self.client.hmget(self._key(campaign_id), [f"base:{s}" for s in states])
+        found = self._run(
+            lambda: self.client.hmget(self._key(campaign_id), [f"base:{s}" for s in states])
+        )
         return {s: int(n) for s, n in zip(states, found, strict=True) if n}
 
     def state_counts(self, campaign_id: str, plan: CampaignPlan | None = None) -> dict[str, int]:
