@@ -568,8 +568,9 @@ class Workload:
                     self.submit(effect.tool, effect.scope, effect.args, "resubmit after loss")
             return
         elif kind == "fail_next":
-            self.arm_next += self.rng.randint(1, 3)
-            detail = f"the next {self.arm_next} new effects' first attempt: 503"
+            more = self.rng.randint(1, 3)
+            self.arm_next += more
+            detail = f"{more} more new effects get 1, 2 or 5 503s ({self.arm_next} armed)"
         elif kind == "lost_acks":
             span = self.rng.uniform(3.0, 8.0)
             stack.sandbox.configure(drop_ack_rate=0.3)
@@ -725,7 +726,7 @@ def render(result: dict[str, Any]) -> str:
     for name in ("effects", "submissions", "steps", "statuses", "executions", "states",
                  "operator", "faults", "broker_lost_messages", "checker", "dead_letters",
                  "supervisor_restarts", "chaos_s", "quiesce_s", "wall_s"):  # fmt: skip
-        lines.append(f"  {name:<20}{json.dumps(result.get(name))}")
+        lines.append(f"  {name:<22}{json.dumps(result.get(name))}")
     lines += [f"  fault  {line}" for line in result.get("fault_log", [])]
     lines += [f"  refused  {line}" for line in result.get("operator_refusals", [])]
     lines += [f"  VIOLATION  {v}" for v in result.get("violations", [])[:30]]
