@@ -1,8 +1,9 @@
 """Calls on the ledger's Redis: one script call with its retry rule and WAIT, batches,
 plain commands, and the Redis errors they meet read as LedgerErrors (``guard``).
 
-``Connection`` is the base of ``Ledger`` and of each of its parts (transitions, reads, the
-start checks): it holds the client, the key names (``dedupe/keys.py``) and the script.
+``Connection`` is the base of each of ``Ledger``'s parts (``dedupe/transitions.py``,
+``dedupe/reads.py``, ``dedupe/checks.py``): it holds the client, the key names
+(``dedupe/keys.py``) and the script.
 
 On a Redis Cluster every call stays in one slot: all keys of a call share the bucket's hash
 tag ``{namespace:bucket}``. redis-py's cluster pipeline refuses scripts, so batched script
