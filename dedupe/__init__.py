@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .campaigns import CampaignStore as CampaignStore
     from .campaigns import campaign_tag as campaign_tag
     from .canonical import canonical_bytes as canonical_bytes
+    from .errors import CampaignNotFoundError as CampaignNotFoundError
     from .errors import CanonicalizationError as CanonicalizationError
     from .errors import ConflictError as ConflictError
     from .errors import EffectqError as EffectqError
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from .errors import TransitionRefusedError as TransitionRefusedError
     from .errors import ValueTooLargeError as ValueTooLargeError
     from .errors import VolatileLedgerError as VolatileLedgerError
+    from .errors import WaitTimeout as WaitTimeout
     from .identity import Effect as Effect
     from .identity import derive as derive
     from .identity import idempotency_key as idempotency_key
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "CampaignPlan": "campaigns",
     "CampaignStore": "campaigns",
+    "CampaignNotFoundError": "errors",
     "CanonicalizationError": "errors",
     "Claim": "records",
     "ClaimOutcome": "records",
@@ -100,6 +103,7 @@ _WHERE = {
     "Unavailable": "spec",
     "ValueTooLargeError": "errors",
     "VolatileLedgerError": "errors",
+    "WaitTimeout": "errors",
     "Write": "records",
     "campaign_tag": "campaigns",
     "canonical_bytes": "canonical",

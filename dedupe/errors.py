@@ -27,12 +27,13 @@
     │   ├── StaleMessageError         older than the provider's idempotency window
     │   └── ToolsModuleError*         the tools module (EFFECTQ_TOOLS) cannot be imported
     ├── OperatorError             an operator action lacks an actor, a reason or its evidence
-    │   └── NotFoundError             no effect has this key (CLI exit 6, API 404)
+    │   └── NotFoundError             no effect has this key
+    │       └── CampaignNotFoundError     no campaign (or no job of it) has this id
     ├── ConflictError             same effect key, different bound fields
     ├── ProviderError             a provider call failed: uncertain unless it says otherwise
     │   └── NotExecutedError          definitely not executed (refused before acting): retry
     │       └── RejectedError         not executed and never will be (4xx): dead-letter
-    ├── WaitTimeout*              a producer's wait ended before the effect was DONE
+    ├── WaitTimeout               a producer's wait ended before the effect was DONE
     └── RetryLater*               control flow on the worker path: the message stays alive
                                   (also Dramatiq's Retry)
 
@@ -41,8 +42,13 @@
                                   the tree on purpose, so that it acts like a crash
 
 ``*``: defined where it is raised, in ``workers`` (``workers.broker.middleware``,
-``workers.registry``, ``workers.producer``, ``workers.tool``), since they are about
-Dramatiq or the producer; the rest is here, importable without Dramatiq.
+``workers.registry``, ``workers.tool``), since they are about Dramatiq; the rest is here,
+importable without Dramatiq.
+
+``CODES`` below is the one table of what each error answers: the CLI's exit code, the
+API's HTTP status and body ``error``. The CLI (``workers.cli._app``), the API
+(``workers.api.problems``) and README's table read it; an error defined in ``workers``
+answers as its nearest ancestor here.
 
 Errors carry the effect key and state, never a raw recipient. An IdentityError's message
 names the tool and field, never the value it refuses (nor a malformed key).
@@ -50,10 +56,13 @@ names the tool and field, never the value it refuses (nor a malformed key).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "CODES",
+    "CampaignNotFoundError",
     "CanonicalizationError",
+    "Code",
     "ConflictError",
     "EffectqError",
     "IdentityError",
@@ -77,6 +86,8 @@ __all__ = [
     "TransitionRefusedError",
     "ValueTooLargeError",
     "VolatileLedgerError",
+    "WaitTimeout",
+    "code_of",
 ]
 
 
@@ -179,6 +190,10 @@ class NotFoundError(OperatorError):
     """No effect has this key (it never existed, or its settled record expired)."""
 
 
+class CampaignNotFoundError(NotFoundError):
+    """No campaign has this id (never planned, or its plan expired), or no job of it."""
+
+
 class ConflictError(EffectqError):
     pass
 
@@ -194,3 +209,62 @@ class NotExecutedError(ProviderError):
 
 class RejectedError(NotExecutedError):
     """The provider refused the request outright; retrying cannot help."""
+
+
+class WaitTimeout(EffectqError):
+    """The effect did not reach DONE in time; ``details['state']`` says where it is."""
+
+
+class Code(NamedTuple):
+    """What one error answers."""
+
+    #: The CLI's exit code.
+    exit: int
+    #: The API's HTTP status.
+    status: int
+    #: The API body's ``error``.
+    kind: str
+    #: The API's fixed message in place of the error's own, where that could name a key,
+    #: a Redis address or a bug.
+    says: str | None = None
+
+
+_UNAVAILABLE = "the ledger is unavailable; nothing was done"
+_INVALID = Code(2, 422, "invalid")
+_LEDGER = Code(2, 503, "unavailable", _UNAVAILABLE)  # nothing done; the server's log says why
+_INTERNAL = Code(2, 500, "internal", "internal error")  # not an API caller's doing
+
+#: Every error of the tree, in the tree's order.
+CODES: dict[type[EffectqError], Code] = {
+    EffectqError: _INTERNAL,
+    IdentityError: _INVALID,
+    CanonicalizationError: _INVALID,
+    InvisibleCharacterError: _INVALID,
+    MissingFieldError: _INVALID,
+    ValueTooLargeError: _INVALID,
+    KeyFormatError: _INVALID,
+    SpecError: _INVALID,
+    LedgerError: _LEDGER,
+    LedgerUnavailableError: Code(7, 503, "unavailable", _UNAVAILABLE),
+    LedgerAuthError: _LEDGER,
+    LedgerConfigError: _LEDGER,
+    VolatileLedgerError: _LEDGER,
+    LayoutChangedError: _LEDGER,
+    RecordTooLargeError: Code(2, 413, "too_large"),
+    TransitionRefusedError: Code(8, 409, "refused"),
+    MessageError: _INVALID,
+    StaleMessageError: _INVALID,
+    OperatorError: _INVALID,
+    NotFoundError: Code(6, 404, "not_found", "no effect with this key"),
+    CampaignNotFoundError: Code(6, 404, "not_found", "no such campaign"),
+    ConflictError: Code(3, 409, "conflict"),
+    ProviderError: _INTERNAL,
+    NotExecutedError: _INTERNAL,
+    RejectedError: _INTERNAL,
+    WaitTimeout: Code(5, 500, "internal", "internal error"),
+}
+
+
+def code_of(exc: EffectqError) -> Code:
+    """The row of ``exc``'s class, or of its nearest ancestor in ``CODES``."""
+    return next(code for cls in type(exc).__mro__ if (code := CODES.get(cls)) is not None)

@@ -25,6 +25,7 @@ from dramatiq.message import generate_unique_id
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 from dedupe import (
+    CampaignNotFoundError,
     CampaignPlan,
     CampaignStore,
     ConflictError,
@@ -587,7 +588,7 @@ def campaign_status(
     store = CampaignStore(ledger)
     plan = store.meta(campaign_id)
     if plan is None:
-        raise MessageError(f"no campaign {campaign_id!r}")
+        raise CampaignNotFoundError(f"no campaign {campaign_id!r}")
     # Counts over the approved plan's recipients only (dropped ones are subtracted).
     states = store.state_counts(campaign_id, plan)
     sent = store.sent_count(campaign_id, plan.version)

@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 from dedupe import (
     ConflictError,
     Effect,
-    EffectqError,
     EffectRecord,
     Ledger,
     LedgerUnavailableError,
     State,
     SubmitStatus,
+    WaitTimeout,
 )
 from dedupe.failpoints import failpoint
 from dedupe.ledger import Confirming
@@ -54,10 +54,6 @@ class Status(StrEnum):
     DONE = "done"
     CONFLICT = "conflict"
     BLOCKED = "blocked"
-
-
-class WaitTimeout(EffectqError):
-    """The effect did not reach DONE in time; ``details['state']`` says where it is."""
 
 
 def poll_record(

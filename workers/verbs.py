@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dedupe import MessageError, OperatorError, State, Write
+from dedupe import CampaignNotFoundError, MessageError, OperatorError, State, Write
 
 if TYPE_CHECKING:
     from dedupe import EffectRecord
@@ -267,7 +267,7 @@ def audit_trail(ops: Operator, key: str) -> list[dict[str, Any]]:
 def campaign_status(
     ops: Operator, campaign_id: str, *, cursor: int = 0, page_size: int = 100
 ) -> dict[str, Any]:
-    """``campaign status --json``; MessageError when there is no such campaign."""
+    """``campaign status --json``; CampaignNotFoundError when there is no such campaign."""
     from .campaign import campaign_status as status
 
     return status(campaign_id, cursor=cursor, page_size=page_size, ledger=ops.ledger)
@@ -285,7 +285,7 @@ def campaign_job(
     """A campaign job (``GET /v1/campaigns/{id}/jobs/{job}``): its state (queued, planning,
     sending, done, failed, lost), progress, the report or the error, and once its plan is
     approved the campaign's own status (counts, never-sent diff, a first page of
-    recipients). MessageError when there is no such job."""
+    recipients). CampaignNotFoundError when there is no such job."""
     import contextlib
     import json
 
@@ -295,7 +295,7 @@ def campaign_job(
     campaign_id = normalize_campaign_id(campaign_id)
     found = CampaignStore(ops.ledger).job(campaign_id, job_id)
     if found is None:
-        raise MessageError(f"no job {job_id!r} of campaign {campaign_id!r}")
+        raise CampaignNotFoundError(f"no job {job_id!r} of campaign {campaign_id!r}")
     document: dict[str, Any] = {"job_id": job_id, "campaign_id": campaign_id}
     document.update({k: int(found.get(k, 0)) for k in _JOB_INTS})
     # "accepted": a queued job as the previous release wrote it.
@@ -315,7 +315,7 @@ def campaign_job(
     document["report"] = json.loads(found["report"]) if "report" in found else None
     document["campaign"] = None
     if state in ("sending", "done", "lost"):
-        with contextlib.suppress(MessageError):  # its plan expired since
+        with contextlib.suppress(CampaignNotFoundError):  # its plan expired since
             document["campaign"] = campaign_status(ops, campaign_id, page_size=10)
     return document
 

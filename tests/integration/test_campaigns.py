@@ -191,7 +191,7 @@ def test_campaign_cli_submit_and_status(live: LocalStack, tmp_path: Path) -> Non
     assert document["counts"] == _counts(pending=5)
     assert {r["recipient"] for r in document["recipients"]} == set(_people(5))
     bad = _cli(live, "campaign", "status", "nope")
-    assert bad.returncode == 2 and "no campaign 'nope'" in bad.stderr
+    assert bad.returncode == 6 and "no campaign 'nope'" in bad.stderr  # 6: not found
     path.write_text(json.dumps({"campaign_id": "cli-1", "tool": "send_email",
                                 "args": TEMPLATE, "recipients": _people(6)}))  # fmt: skip
     changed = _cli(live, "campaign", "submit", str(path))  # same id, another list

@@ -9,8 +9,8 @@ import pytest
 
 PUBLIC = {
     "dedupe": {
-        "CampaignPlan", "CampaignStore", "CanonicalizationError", "Claim", "ClaimOutcome",
-        "ConflictError", "Effect", "EffectRecord", "EffectqError", "Found", "IdentityError",
+        "CampaignNotFoundError", "CampaignPlan", "CampaignStore", "CanonicalizationError",
+        "Claim", "ClaimOutcome", "ConflictError", "Effect", "EffectRecord", "EffectqError", "Found", "IdentityError",
         "KeyFormatError", "LayoutChangedError", "Ledger", "LedgerAuthError", "LedgerConfigError",
         "LedgerError", "LedgerUnavailableError", "Lookup", "LookupResult",
         "MessageError", "MissingFieldError", "NotExecutedError", "NotFound", "NotFoundError",
@@ -18,7 +18,7 @@ PUBLIC = {
         "StaleMessageError", "State",
         "SubmitStatus", "Submission", "Takeover", "ToolSpec", "Transition",
         "TransitionRefusedError", "Unavailable", "ValueTooLargeError", "VolatileLedgerError",
-        "Write", "campaign_tag", "canonical_bytes", "derive", "idempotency_key",
+        "WaitTimeout", "Write", "campaign_tag", "canonical_bytes", "derive", "idempotency_key",
     },
     "workers": {
         "CampaignReport", "EffectCall", "EffectTool", "Envelope", "Handle", "RetryLater",

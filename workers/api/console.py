@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from dedupe import EffectqError, EffectRecord, MessageError, State
+from dedupe import CampaignNotFoundError, EffectqError, EffectRecord, MessageError, State
 from dedupe.states import OPERATOR_ACTIONS
 
 from .. import verbs
@@ -392,7 +392,7 @@ def campaign(
         return _page(request, "campaign.html", progress=None)
     try:
         progress = verbs.campaign_status(verbs.operator(), campaign_id, cursor=cursor)
-    except MessageError:  # the one MessageError campaign_status raises: no such plan
+    except CampaignNotFoundError:
         return _page(request, "campaign.html", 404, progress=None, campaign_id=campaign_id,
                      error="no such campaign")  # fmt: skip
     return _page(request, "campaign.html", progress=progress, campaign_id=campaign_id)

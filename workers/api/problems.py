@@ -1,6 +1,5 @@
-"""Errors as HTTP answers: one mapping from effectq's error tree to status codes.
-
-The CLI maps the same tree to exit codes (``workers.cli.errors``). Bodies are ``Problem``
+"""Errors as HTTP answers: each error's status and kind read from ``dedupe.errors.CODES``,
+the table the CLI's exit codes are read from too. Bodies are ``Problem``
 documents: a kind and a one-line reason, never a stack trace, a recipient or a full key
 (IdentityError messages name the field, not the value; where a message could carry a key
 or a Redis address, a fixed text stands in).
@@ -17,18 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from dedupe import (
-    ConflictError,
-    EffectqError,
-    IdentityError,
-    LedgerError,
-    LedgerUnavailableError,
-    MessageError,
-    NotFoundError,
-    OperatorError,
-    RecordTooLargeError,
-    TransitionRefusedError,
-)
+from dedupe import EffectqError, LedgerUnavailableError, TransitionRefusedError
+from dedupe.errors import code_of
 
 __all__ = ["ApiProblem", "install", "problem_of"]
 
@@ -65,24 +54,16 @@ class ApiProblem(Exception):
 
 
 def problem_of(exc: EffectqError) -> ApiProblem:
-    if isinstance(exc, TransitionRefusedError):
-        return ApiProblem(409, "refused", exc.message, state=exc.state)
-    if isinstance(exc, RecordTooLargeError):
-        return ApiProblem(413, "too_large", exc.message)
-    if isinstance(exc, LedgerError):
+    code = code_of(exc)
+    if code.status == 503:
         # Unavailable, bad credentials, no AOF, a script error: nothing was done, and the
         # operator's log says why (the message may name the Redis address).
         level = logging.WARNING if isinstance(exc, LedgerUnavailableError) else logging.ERROR
         log.log(level, "ledger error: %s", type(exc).__name__)
-        return ApiProblem(503, "unavailable", "the ledger is unavailable; nothing was done")
-    if isinstance(exc, ConflictError):
-        return ApiProblem(409, "conflict", exc.message)
-    if isinstance(exc, NotFoundError):
-        return ApiProblem(404, "not_found", "no effect with this key")
-    if isinstance(exc, IdentityError | MessageError | OperatorError):
-        return ApiProblem(422, "invalid", exc.message)
-    log.error("unmapped effectq error: %s", type(exc).__name__)
-    return ApiProblem(500, "internal", "internal error")
+    elif code.status == 500:
+        log.error("unmapped effectq error: %s", type(exc).__name__)
+    state = exc.state if isinstance(exc, TransitionRefusedError) else None
+    return ApiProblem(code.status, code.kind, code.says or exc.message, state=state)
 
 
 async def _problem(request: Request, exc: Exception) -> JSONResponse:

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from dedupe import MessageError, State
+from dedupe import CampaignNotFoundError, State
 
 from .. import verbs
 from ..campaign import CampaignFile
@@ -225,7 +225,7 @@ def get_campaign_job(
 ) -> JSONResponse:
     try:
         document = verbs.campaign_job(verbs.operator(), campaign_id, job_id)
-    except MessageError:  # the one MessageError campaign_job raises: no such job
+    except CampaignNotFoundError:
         raise ApiProblem(404, "not_found", "no such campaign job") from None
     return JSONResponse(document)
 
@@ -244,12 +244,9 @@ def get_campaign(
     ] = 0,
     page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
-    try:
-        document = verbs.campaign_status(
-            verbs.operator(), campaign_id, cursor=cursor, page_size=page_size
-        )
-    except MessageError:  # the one MessageError campaign_status raises: no such plan
-        raise ApiProblem(404, "not_found", "no such campaign") from None
+    document = verbs.campaign_status(
+        verbs.operator(), campaign_id, cursor=cursor, page_size=page_size
+    )  # no such campaign: 404 (dedupe.errors.CODES)
     return JSONResponse(document)
 
 

@@ -87,29 +87,11 @@ def _reason(exc: BaseException) -> tuple[int, str]:
     others are named by their kind only."""
     from pydantic import ValidationError
 
-    from dedupe import (
-        ConflictError,
-        EffectqError,
-        LedgerUnavailableError,
-        NotFoundError,
-        TransitionRefusedError,
-    )
+    from dedupe import EffectqError
+    from dedupe.errors import code_of
 
-    # Only a verb that imported the producer can raise its WaitTimeout (and importing it
-    # here would load the worker path on every refusal).
-    producer = sys.modules.get("workers.producer")
-    if producer is not None and isinstance(exc, producer.WaitTimeout):
-        return 5, str(exc.message)
-    if isinstance(exc, LedgerUnavailableError):
-        return 7, exc.message
-    if isinstance(exc, TransitionRefusedError):
-        return 8, exc.message
-    if isinstance(exc, NotFoundError):
-        return 6, exc.message
-    if isinstance(exc, ConflictError):  # a campaign re-submitted with other list or args
-        return 3, exc.message
-    if isinstance(exc, EffectqError):
-        return 2, exc.message
+    if isinstance(exc, EffectqError):  # its exit code: dedupe.errors.CODES
+        return code_of(exc).exit, exc.message
     if isinstance(exc, ValidationError):  # EFFECTQ_* settings, a campaign file
         return 2, _validation_reason(exc, exc.title)
     if isinstance(exc, json.JSONDecodeError):
