@@ -241,7 +241,7 @@ class CampaignStore:
         For each row, whether its key is new to the plan (False: another spelling of a
         recipient staged before)."""
         key = self._plan_key(plan)
-        receipt = f"{self._key(plan.campaign_id, 'staged')}:{{{key}}}"
+        receipt = self.ledger.keyspace.staged(campaign_tag(plan.campaign_id), key)
         self._staged += 1
         args: list[str | int] = [self._staged, _ms(ttl_s)]
         args += [x for row in rows.items() for x in row]
@@ -273,7 +273,10 @@ class CampaignStore:
         names = [self._plan_key(plan, "removed")]
         if rows:
             plan_key = self._plan_key(plan)
-            names += [plan_key, f"{self._key(plan.campaign_id, 'staged')}:{{{plan_key}}}"]
+            names += [
+                plan_key,
+                self.ledger.keyspace.staged(campaign_tag(plan.campaign_id), plan_key),
+            ]
 
         def delete() -> None:
             pipe = self.client.pipeline(transaction=False)

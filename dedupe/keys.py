@@ -18,7 +18,8 @@ Per namespace (one slot each, outside the buckets):
     <ns>:deadletters           stream: why each message was dead-lettered
     <ns>:<group>               zset:   a reconciler group's members by last beat
     <ns>:layout                the bucket count, as the release before versions wrote it
-    <ns>:campaign:<tag>[:…]    the campaign store's keys (``dedupe/campaigns.py``)
+    <ns>:campaign:<tag>[:…]    the campaign store's keys (``dedupe/campaigns.py``), and
+                               a plan's staging receipt, ``…:staged:{<plan key>}``
 
 Per Redis: ``effectq:ledger`` (``SCHEMA_KEY``), the version record: ``format`` and
 ``ns:<namespace>`` -> bucket count for every namespace on it.
@@ -118,3 +119,7 @@ class KeySpace:
         """A campaign store key: the meta (no ``parts``), or its plan, removed, sent, job
         keys (``dedupe/campaigns.py`` documents each)."""
         return ":".join([self.namespace, "campaign", tag, *map(str, parts)])
+
+    def staged(self, tag: str, plan_key: str) -> str:
+        """A plan's staging receipt: hash-tagged by the plan key, so it sits in its slot."""
+        return f"{self.campaign(tag, 'staged')}:{{{plan_key}}}"
