@@ -10,7 +10,8 @@ import pytest
 PUBLIC = {
     "dedupe": {
         "CampaignNotFoundError", "CampaignPlan", "CampaignStore", "CanonicalizationError",
-        "Claim", "ClaimOutcome", "ConflictError", "Effect", "EffectRecord", "EffectqError", "Found", "IdentityError",
+        "Claim", "ClaimOutcome", "ConflictError", "Effect", "EffectRecord", "EffectqError",
+        "Found", "IdentityError",
         "KeyFormatError", "LayoutChangedError", "Ledger", "LedgerAuthError", "LedgerConfigError",
         "LedgerError", "LedgerUnavailableError", "Lookup", "LookupResult",
         "MessageError", "MissingFieldError", "NotExecutedError", "NotFound", "NotFoundError",
