@@ -166,6 +166,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.sent: list[Message] = []  # every message submitted, in order
         self.trace: list[Step] = []  # every ledger call, for design_rules
         self.design = RunChecker(len(self.keys))
+        self.snap: dict[int, dict[str, Any] | None] = {}  # see _before
+        self.comebacks = 0  # runs of a_voided_generation_comes_back
 
     def teardown(self) -> None:
         self.ledger.client.close()
@@ -178,8 +180,16 @@ class LedgerMachine(RuleBasedStateMachine):
     def _raw(self, k: int) -> dict[str, Any] | None:
         return self.ledger._stored(self.keys[k])
 
+    def _before(self, k: int) -> dict[str, Any] | None:
+        """The record as the last call on it left it (read by _log just after that call):
+        nothing else writes it — leases run out without a write, and a record that expires
+        is waited out by _wait_gone. Read from the server before the first call."""
+        return self.snap[k] if k in self.snap else self._raw(k)
+
     def _unchanged(self, k: int, before: dict[str, Any] | None, what: str, *skip: str) -> None:
-        after = self._raw(k)
+        # The record after the call is the one _log read just after it (one read less).
+        last = self.trace[-1] if self.trace else None
+        after = last.after if last is not None and last.k == k else self._raw(k)
         assert _without(after, *skip) == _without(before, *skip), (
             f"{what} on k{k} changed the record: {before} -> {after}"
         )
@@ -187,7 +197,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def _log(self, kind: str, k: int, before: dict[str, Any] | None, **answer: Any) -> None:
         """Record the call just made on key ``k``: its answer, the record before and after
         (held to DESIGN's rules by design_rules_hold_over_the_whole_run)."""
-        self.trace.append(Step(len(self.trace), kind, k, before, self._raw(k), **answer))
+        after = self.snap[k] = self._raw(k)
+        self.trace.append(Step(len(self.trace), kind, k, before, after, **answer))
 
     def _wait_lease(self, k: int) -> None:
         """Wait until the server's clock is past the lease just written."""
@@ -201,6 +212,7 @@ class LedgerMachine(RuleBasedStateMachine):
         time.sleep(TINY_S)
         poll(lambda: self.ledger.client.exists(self._record_key(k)), lambda n: n == 0, timeout=5)
         self.model.expire(k)
+        self.snap[k] = None
 
     def _lease(self, tiny: bool) -> float:
         return TINY_S if tiny else LONG_S
@@ -237,7 +249,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def _submit(self, k: int, variant: int) -> Message:
         effect = self.effects[k][variant]
         message_id = f"m{next(self.serial)}"
-        before = self._raw(k)
+        before = self._before(k)
         expect = self.model.submit(k, effect.fingerprint, message_id)
         got = self.ledger.submit(effect, message_id=message_id, pending_s=LONG_S)
         self._log("submit", k, before, outcome=got.status.value)
@@ -258,7 +270,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """The producer heard that the broker took ``msg``: at once, or late (after the
         message ran, or after later submissions of its key)."""
         effect = self.effects[msg.k][msg.variant]
-        before = self._raw(msg.k)
+        before = self._before(msg.k)
         expect = self.model.confirm(msg.k, effect.fingerprint, msg.message_id)
         self.ledger.confirm_pending([(effect, msg.message_id)], LONG_S)
         self._log("confirm", msg.k, before)
@@ -277,7 +289,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def _claim(self, msg: Message, name: str, tiny: bool) -> Any:
         k = msg.k
         effect = self.effects[k][msg.variant]
-        before = self._raw(k)
+        before = self._before(k)
         was = _state(before)
         expect = self.model.claim(k, effect.fingerprint, msg.generation, name, live=not tiny)
         got = self.ledger.claim(
@@ -347,8 +359,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # One argument, its choices drawn inside: hypothesis orders rules by how many arguments
     # they take and draws the first ones more often (at six, this rule ran in one example of
-    # ten).
-    @precondition(lambda self: self._settled_or_absent())
+    # ten). Twice an example at most: it is ten calls, and more runs of it find nothing new.
+    @precondition(lambda self: self.comebacks < 2 and self._settled_or_absent())
     @rule(data=st.data())
     def a_voided_generation_comes_back(self, data: st.DataObject) -> None:
         """DESIGN §2's generation rule, made reachable in one step: a DONE effect (run to
@@ -358,6 +370,7 @@ class LedgerMachine(RuleBasedStateMachine):
         operator's resolve --not-executed from UNKNOWN; or DONE, UNKNOWN, RECONCILING, still
         CLAIMED — and then a message of the voided generation is delivered (``early``: one
         is delivered right after the revoke too)."""
+        self.comebacks += 1
         k = data.draw(st.sampled_from(self._settled_or_absent()), label="k")
         action = data.draw(st.sampled_from(["revoke", "supersede"]), label="action")
         variant = data.draw(st.sampled_from([0, 1]), label="variant")
@@ -406,14 +419,14 @@ class LedgerMachine(RuleBasedStateMachine):
         variant = data.draw(st.sampled_from([0, 1]), label="variant")
         self._operate(k, "revoke", override=False, short=False)
         resubmitted = self._submit(k, variant)
-        before = self._raw(k)
+        before = self._before(k)
         assert self.ledger.client.pexpire(self._record_key(k), 1)
         self._wait_gone(k)
         self._log("expire", k, before)
         return self._claim(resubmitted, data.draw(WORKERS, label="name"), tiny=False)
 
     def _heartbeat(self, h: Holder, tiny: bool) -> None:
-        before = self._raw(h.k)
+        before = self._before(h.k)
         ok = self.model.heartbeat(h.k, h.token, live=not tiny)
         got = self.ledger.heartbeat(self.keys[h.k], h.token, lease_s=self._lease(tiny))
         self._log("heartbeat", h.k, before, outcome="ok" if got.ok else "fenced")
@@ -425,7 +438,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self._wait_lease(h.k)
 
     def _commit(self, h: Holder, short: bool) -> None:
-        before = self._raw(h.k)
+        before = self._before(h.k)
         settles = before is not None and before["s"] in LEASED
         receipt = self._receipt()
         expect = self.model.commit(h.k, h.token, receipt, "commit")
@@ -446,7 +459,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self._wait_gone(h.k)
 
     def _fail(self, h: Holder, short: bool) -> None:
-        before = self._raw(h.k)
+        before = self._before(h.k)
         settles = before is not None and before["s"] in LEASED
         ok = self.model.fail(h.k, h.token, "declined")
         got = self.ledger.fail(
@@ -461,7 +474,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self._wait_gone(h.k)
 
     def _handover(self, h: Holder) -> None:
-        before = self._raw(h.k)
+        before = self._before(h.k)
         ok = self.model.handover(h.k, h.token, "uncertain")
         got = self.ledger.handover(self.keys[h.k], h.token, reason="uncertain")
         self._log("handover", h.k, before, outcome="ok" if got.ok else "fenced")
@@ -471,7 +484,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self._unchanged(h.k, before, f"a fenced handover under t{h.token}")
 
     def _mark_unknown(self, h: Holder) -> None:
-        before = self._raw(h.k)
+        before = self._before(h.k)
         ok = self.model.mark_unknown(h.k, h.token, "lookup unavailable")
         got = self.ledger.mark_unknown(self.keys[h.k], h.token, reason="lookup unavailable")
         self._log("mark_unknown", h.k, before, outcome="ok" if got.ok else "fenced")
@@ -539,7 +552,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return self._takeover(k, name, tiny) or multiple()
 
     def _takeover(self, k: int, name: str, tiny: bool) -> Holder | None:
-        before = self._raw(k)
+        before = self._before(k)
         token = self.model.takeover(k, name, live=not tiny)
         got = self.ledger.takeover(self.keys[k], lease_s=self._lease(tiny), holder=name)
         self._log(
@@ -594,7 +607,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self._operate(k, action, override, short=False)
 
     def _operate(self, k: int, action: str, override: bool, short: bool) -> None:
-        before = self._raw(k)
+        before = self._before(k)
         receipt = self._receipt() if action == "resolve_done" else None
         note = f"{action} by op: model"
         ok, evidence = self.model.operate(k, action, note, receipt, override)
@@ -634,7 +647,7 @@ class LedgerMachine(RuleBasedStateMachine):
             k for k, r in enumerate(self.model.records) if r is not None and r.state in SETTLED
         ]
         k = data.draw(st.sampled_from(settled), label="k")
-        before = self._raw(k)
+        before = self._before(k)
         assert self.ledger.client.pexpire(self._record_key(k), 1)
         self._wait_gone(k)
         self._log("expire", k, before)
@@ -645,7 +658,13 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def records_agree_with_the_model(self) -> None:
         records = self.ledger.get_many(self.keys)
-        client = self.ledger.client
+        # Each key's lease and unknown index entries, in one round trip.
+        pipe = self.ledger.client.pipeline(transaction=False)
+        for k, key in enumerate(self.keys):
+            tag = self._record_key(k).rsplit(":r:", 1)[0]
+            pipe.zscore(f"{tag}:leases", key)
+            pipe.zscore(f"{tag}:unknown", key)
+        scores = pipe.execute()
         for k, key in enumerate(self.keys):
             got, want = records[key], self.model.rec(k)
             if want is None:
@@ -674,13 +693,12 @@ class LedgerMachine(RuleBasedStateMachine):
             assert (last.state, last.token) == (state, token) and (
                 last.note == note if want.exact else note in last.note
             ), f"k{k}: last history entry {last}, model {want.last}"
-            tag = self._record_key(k).rsplit(":r:", 1)[0]
-            score = client.zscore(f"{tag}:leases", key)
+            score = scores[2 * k]
             deadline = got.lease_deadline_ms if want.state in LEASED else None
             assert (score and int(score)) == deadline, (
                 f"k{k}: lease index {score}, record {want.state} deadline {deadline}"
             )
-            in_unknown = client.zscore(f"{tag}:unknown", key) is not None
+            in_unknown = scores[2 * k + 1] is not None
             assert in_unknown == (want.state == UNKNOWN), f"k{k}: unknown index {in_unknown}"
         counted = self.ledger.counts()
         got_counts = {state: counted.get((state, "charge"), 0) for state in self.model.counts()}
