@@ -55,7 +55,7 @@ ACL_RULES = [
     "+evalsha", "+eval", "+script|load", "+script|exists",
     "+get", "+set", "+del", "+pttl",
     "+pexpire", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcount",
-    "+hgetall", "+hmget", "+hset", "+hincrby", "+hkeys", "+hscan",
+    "+hgetall", "+hget", "+hmget", "+hset", "+hsetnx", "+hincrby", "+hkeys", "+hscan",
     "+sadd", "+scard", "+smismember",
     "+xadd", "+xrevrange", "+scan",
     "+info", "+time", "+ping", "+wait",
