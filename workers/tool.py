@@ -58,6 +58,7 @@ from dedupe import (
     RecordTooLargeError,
     RejectedError,
     StaleMessageError,
+    State,
     ToolSpec,
     derive,
 )
@@ -183,21 +184,28 @@ def _retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
 
 # Past a lease deadline, a retry comes this long after it (the reconciler's turn).
 _LEASE_MARGIN_MS = 500
+# The reconciler's turn is polled at this period at most: it decides an expired claim
+# within a pass interval and a lookup (reconciler defaults: 1 s interval, 5 s lookup
+# timeout), whatever its takeover lease (30 s) or the claim's overdue time says.
+_RECONCILER_POLL_MS = 6_000
 
 
 def retry_delay_ms(claim: Claim, cfg: Settings) -> int | None:
     """When to look again at an effect someone else holds (in_flight / blocked): just after
-    its lease deadline while the lease runs; once it has expired (the reconciler's turn),
-    after as long again as it has been overdue — a backoff anchored at the deadline rather
-    than at the message's first retry, so a freed key is not padded by minutes of backoff,
-    while a claim no reconciler takes is not polled every second. No deadline (UNKNOWN: an
-    operator's turn): None, Dramatiq's exponential backoff. Bounded by the retry settings."""
+    its lease deadline while a worker's lease runs; once it has expired, or while the
+    reconciler holds it (RECONCILING: its lease is a takeover's, not a decision time), after
+    as long again as it has been overdue, at most ``_RECONCILER_POLL_MS`` — so a key the
+    reconciler frees runs within one poll period, while a claim no reconciler takes is not
+    polled every second. No deadline (UNKNOWN: an operator's turn): None, Dramatiq's
+    exponential backoff. Bounded by the retry settings."""
     if claim.remaining_ms is None:
         return None
     if claim.remaining_ms > 0:
         delay = claim.remaining_ms + _LEASE_MARGIN_MS
+        if claim.state is State.RECONCILING:
+            delay = min(delay, _RECONCILER_POLL_MS)
     else:
-        delay = max(-claim.remaining_ms, cfg.retry_min_backoff_ms)
+        delay = min(max(-claim.remaining_ms, cfg.retry_min_backoff_ms), _RECONCILER_POLL_MS)
     return min(delay, cfg.retry_max_backoff_ms)
 
 

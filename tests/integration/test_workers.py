@@ -463,7 +463,11 @@ def test_the_retry_delay_follows_the_lease_deadline_the_ledger_reports() -> None
     # Overdue (the reconciler's turn): as long again as it is overdue, at least the minimum.
     just_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10)
     assert retry_delay_ms(just_expired, cfg) == cfg.retry_min_backoff_ms
+    # ... but polled at least every 6 s: a key the reconciler frees runs within that.
     long_expired = claim(ClaimOutcome.BLOCKED, State.CLAIMED, -10_000_000)
-    assert retry_delay_ms(long_expired, cfg) == cfg.retry_max_backoff_ms
+    assert retry_delay_ms(long_expired, cfg) == min(6_000, cfg.retry_max_backoff_ms)
+    # RECONCILING's lease is a takeover's (30 s), not when it decides: the same period.
+    reconciling = claim(ClaimOutcome.IN_FLIGHT, State.RECONCILING, 29_000)
+    assert retry_delay_ms(reconciling, cfg) == min(6_000, cfg.retry_max_backoff_ms)
     # UNKNOWN has no deadline: an operator's turn, Dramatiq's exponential backoff.
     assert retry_delay_ms(claim(ClaimOutcome.BLOCKED, State.UNKNOWN, None), cfg) is None
