@@ -74,7 +74,8 @@ local SETTLED_FORMAT = '>BI6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
 local LIVE_FORMAT = '>BI6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
 local SETTLED_READ = '>I6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
 local LIVE_READ = '>I6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
-local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms
+local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms (15 bytes and the receipt)
+local LATE_BYTES = 16777215              -- the late list's length field: three bytes
 -- state code, token - the previous step's token, ms, note: a step is the only change of a
 -- record's token, always by 0 or 1 but at a fresh record, whose first step nothing precedes;
 -- so the tokens are t and the distances back from it, and a step takes no token field
@@ -309,7 +310,7 @@ OPS.claim = function()
     move('CLAIMED', token, 'claim', deadline)
     rec.n, rec.h, rec.q, rec.a = 1, holder, request, now
     redis.call('SET', K[1], encode(rec), 'NX')
-    return {'acquired', token, 0}
+    return {'acquired', token, rec.g}
   end
   local s = rec.s
   if generation < rec.g then
@@ -368,9 +369,18 @@ OPS.commit = function()
   if rec and rec.t == token and rec.s == 'DONE' then return {'ok', 'DONE', token} end
   if not rec or rec.t ~= token or (rec.s ~= 'CLAIMED' and rec.s ~= 'RECONCILING') then
     if rec then
+      -- The late receipts' total length is a three-byte field: a receipt that cannot fit
+      -- even alone is kept as its size (the evidence is that it came, not its text), and
+      -- the oldest go until the list fits.
+      if #receipt > LATE_BYTES - 15 then
+        receipt = cjson.encode({effectq_late_receipt_bytes = #receipt})
+      end
       rec.lb = rec.lb .. struct.pack(LATE_ENTRY, token, #receipt, receipt, now)
       rec.ln = rec.ln + 1
       if rec.ln > LATE then rec.lb, rec.ln = trim(rec.lb, rec.ln, LATE, LATE_ENTRY) end
+      while #rec.lb > LATE_BYTES do
+        rec.lb, rec.ln = trim(rec.lb, rec.ln, rec.ln - 1, LATE_ENTRY)
+      end
       if rec.s == 'FAILED' then
         move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
         save(0)

@@ -748,3 +748,23 @@ def test_a_message_older_than_the_window_by_the_ledger_clock_is_stale_where_it_w
     assert dup.outcome is ClaimOutcome.DUPLICATE and dup.receipt == RECEIPT
     again = ledger.claim(failed, lease_s=30, holder="w", submitted_ms=0, window_s=day)
     assert again.acquired
+
+
+def test_a_claim_on_an_expired_voided_record_answers_the_messages_generation(
+    ledger: Ledger,
+) -> None:
+    """The revoked record's retention ran out before the resubmission's message ran: the
+    fresh record takes the message's generation, and the claim must answer it — the worker
+    derives the provider's idempotency key from it (generation 0's key would be answered
+    with the refunded charge's saved receipt, and the resubmission never run)."""
+    effect = charge()
+    done(ledger, effect)
+    ledger.operate(effect.key, "revoke", note="actor=ops reason=refunded", retention_s=0.2)
+    again = ledger.submit(effect, message_id="m-2", pending_s=60)
+    assert again.generation == 1
+    poll(lambda: ledger.get(effect.key), lambda r: r is None)  # the REVOKED record expired
+    claim = ledger.claim(effect, lease_s=30, holder="w/2", generation=again.generation)
+    assert claim.acquired and claim.generation == 1
+    assert claim.idempotency_key != effect.key
+    record = ledger.get(effect.key)
+    assert record is not None and record.generation == 1
