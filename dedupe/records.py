@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -45,6 +46,11 @@ class ClaimOutcome(StrEnum):
     # Older than the provider's window by the ledger's clock, where a claim would be
     # granted: never executed.
     STALE = "stale"
+
+
+def _iso(at_ms: int) -> str:
+    """A ledger time (server ms) as ISO 8601, UTC, to the millisecond."""
+    return datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def _json_or_none(text: str | None) -> Any:
@@ -279,7 +285,8 @@ class EffectRecord:
             "receipt": self.receipt,
             "raw_response": self.raw_response,
             "late_receipts": self.late_receipts,
-            "history": [t.__dict__ for t in self.history],
+            # ISO beside the ms: what an on-call reads (the CLI and the API alike)
+            "history": [{**t.__dict__, "at": _iso(t.at_ms)} for t in self.history],
             "reason": self.reason,
             "ttl_ms": self.ttl_ms,
         }
