@@ -51,15 +51,17 @@ from .normalize import INVISIBLE, FieldNormalizer, visible
 from .spec import ToolSpec
 
 __all__ = [
-    "MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive", "idempotency_key",
-    "normalize_scope",
+    "EFFECT_KEY", "MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive",
+    "idempotency_key", "normalize_scope",
 ]  # fmt: skip
 
 MAX_SCOPE_CHARS = 256
 _VERSION = 1
 _IDENTITY_LIMIT = 8192
 _JSON_STRING = json.JSONEncoder(ensure_ascii=False).encode
-_KEY = re.compile(r"[0-9a-f]{64}")
+#: An effect key as the ledger writes it: 64 lowercase hex digits (a SHA-256). Unanchored
+#: (``fullmatch`` checks one; ``f"^{EFFECT_KEY.pattern}$"`` where a schema wants anchors).
+EFFECT_KEY = re.compile(r"[0-9a-f]{64}")
 # Argument names enter a message only when they look like names: a name is data too.
 _ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z_]{0,31}")
 
@@ -84,7 +86,7 @@ def _sha256(data: bytes) -> str:
 
 def check_key(key: object) -> str:
     """``key`` if it is an effect key (64 lowercase hex digits), else KeyFormatError."""
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    if not isinstance(key, str) or not EFFECT_KEY.fullmatch(key):
         raise KeyFormatError("not an effect key: an effect key is 64 lowercase hex digits")
     return key
 

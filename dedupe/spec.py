@@ -15,6 +15,7 @@ from .errors import SpecError
 from .normalize import Normalizer, resolve_normalizer
 
 __all__ = [
+    "TOOL_NAME",
     "EffectLookup",
     "Found",
     "Lookup",
@@ -25,7 +26,9 @@ __all__ = [
     "Unavailable",
 ]
 
-_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+#: A tool's name, and each of its actions: lowercase, as keys and metric labels carry it.
+#: Unanchored (``fullmatch`` checks one; a schema anchors it).
+TOOL_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 DAY = 86400.0
 #: How long a settled record is kept when its tool does not say (never shorter than the
 #: provider's window).
@@ -131,8 +134,9 @@ class ToolSpec:
             object.__setattr__(self, "actions", (self.action, *self.actions))
         for label, value in (("tool name", self.name), *(("action", a) for a in self.actions)):
             # fullmatch: "$" alone lets a trailing newline through ("charge\n").
-            if not _NAME.fullmatch(value):
-                raise SpecError(f"{label} {value!r} must match {_NAME.pattern}", tool=self.name)
+            if not TOOL_NAME.fullmatch(value):
+                shown = f"^{TOOL_NAME.pattern}$"
+                raise SpecError(f"{label} {value!r} must match {shown}", tool=self.name)
         declared = (*self.identity, *self.bound, *self.free)
         if overlap := set(self.free) & (set(self.identity) | set(self.bound)):
             raise SpecError(f"free fields also declared effect-bearing: {sorted(overlap)}")

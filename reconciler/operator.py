@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import logging
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,9 +24,9 @@ from dedupe import (
     TransitionRefusedError,
     Write,
 )
-from dedupe.identity import check_key
+from dedupe.identity import EFFECT_KEY, check_key
 from dedupe.spec import DEFAULT_RETENTION_S
-from dedupe.states import CLAIMABLE
+from dedupe.states import CLAIMABLE, HELD, INDEXED
 
 __all__ = ["Operator"]
 
@@ -37,9 +36,8 @@ MAX_TEXT = 200
 # A filtered stream page reads at most this many entries before it answers with what it
 # found and a cursor to go on from: a rare actor or tool never makes one request unbounded.
 SCAN_BOUND = 10_000
-# The states with an index to page through (the others expire, and only a scan finds them).
-_HEX = re.compile(r"[0-9a-f]{64}")
-_INDEX = {State.UNKNOWN: "unknown", State.CLAIMED: "leases", State.RECONCILING: "leases"}
+# Each indexed state's index: UNKNOWN has its own, the holds share the leases index.
+_INDEX = {state: "unknown" if state is State.UNKNOWN else "leases" for state in INDEXED}
 # A log line shows this much of an operator's reason (free text: it may quote anything);
 # the audit stream keeps it whole.
 LOGGED_REASON = 80
@@ -63,7 +61,7 @@ class Operator:
         self, *, state: State | None = None, tool: str | None = None, limit: int = 100
     ) -> list[EffectRecord]:
         """Records in ``state`` (UNKNOWN: the work queue), optionally of one tool."""
-        states = [state] if state else [State.UNKNOWN, State.RECONCILING, State.CLAIMED]
+        states = [state] if state else INDEXED
         keys = [k for s in states for k in self.ledger.keys_in(s, limit=limit)]
         records = [r for r in self.ledger.get_many(keys).values() if r is not None]
         return [r for r in records if tool is None or r.tool == tool][:limit]
@@ -81,9 +79,7 @@ class Operator:
         CLAIMED / RECONCILING by lease deadline (no ``state``: UNKNOWN, then the leases),
         from ``since_ms`` on; the cursor to go on from, None at the end."""
         if state is not None and state not in _INDEX:
-            raise OperatorError(
-                "paging covers the indexed states only: UNKNOWN, CLAIMED, RECONCILING"
-            )
+            raise OperatorError(f"paging covers the indexed states only: {', '.join(INDEXED)}")
         indexes = [_INDEX[state]] if state else ["unknown", "leases"]
         position = _read_cursor(cursor, indexes)
         first = indexes.index(position[0]) if position else 0
@@ -316,7 +312,7 @@ class Operator:
 
     def _audit(self, action: str, key: str, actor: str, reason: str, outcome: str) -> None:
         self.ledger.audit(action=action, key=key, actor=actor, reason=reason, outcome=outcome)
-        shown = _HEX.sub(lambda m: m.group()[:12], outcome)
+        shown = EFFECT_KEY.sub(lambda m: m.group()[:12], outcome)
         short = reason if len(reason) <= LOGGED_REASON else reason[:LOGGED_REASON] + "…"
         log.info(
             "operator %s on %s by %r: %s (reason %r)", action, key[:12], actor, shown, short,
@@ -326,7 +322,7 @@ class Operator:
 
 def _refusal(action: str, state: str | None) -> str:
     if state == State.UNKNOWN.value or action.startswith("resolve"):
-        if state in (State.CLAIMED.value, State.RECONCILING.value):
+        if state in HELD:
             return (
                 f"{action} refused: the effect is {state}, its outcome not yet reconciled; "
                 "only an UNKNOWN effect can be resolved by an operator"
@@ -348,7 +344,7 @@ def _read_cursor(cursor: str | None, indexes: list[str]) -> tuple[str, tuple[int
         or not dot
         or not score.isdigit()
         or len(score) > 16
-        or not _HEX.fullmatch(key)
+        or not EFFECT_KEY.fullmatch(key)
     ):
         raise OperatorError("not a cursor of this listing (pass the one a page handed out)")
     return index, (int(score), key)

@@ -18,6 +18,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from typing import IO, Annotated, Any
 
 from dramatiq import Message
@@ -34,6 +35,7 @@ from dedupe import (
     Ledger,
     MessageError,
     RecordTooLargeError,
+    State,
     SubmitStatus,
     campaign_tag,
     canonical_bytes,
@@ -42,6 +44,7 @@ from dedupe.campaigns import PlanDigest, normalize_campaign_id
 from dedupe.failpoints import failpoint
 from dedupe.identity import Deriver
 from dedupe.ledger import Confirming
+from dedupe.states import RECIPIENT_STATE, RecipientState
 
 from . import tracing
 from .broker.fanout import Sending, send_many
@@ -49,7 +52,7 @@ from .producer import finish_confirm, pending_ttl_s, start_confirm
 from .runtime import current
 from .tool import SUBMITTED_MS, EffectTool, Envelope, get_tool
 
-__all__ = ["CampaignFile", "CampaignReport", "campaign_status", "submit_campaign"]
+__all__ = ["CampaignFile", "CampaignReport", "JobState", "campaign_status", "submit_campaign"]
 
 BATCH = 1000
 # The rejections a report lists (all are counted): a list of a million bad rows stays small.
@@ -57,11 +60,24 @@ MAX_REJECTED = 1000
 # Approval rounds against concurrent submissions of one campaign before giving up.
 _APPROVALS = 3
 _HAD_A_MESSAGE = frozenset({SubmitStatus.DONE, SubmitStatus.PENDING, SubmitStatus.BLOCKED})
-# The per-recipient state a producer sees, from the ledger's.
-RECIPIENT_STATE = {
-    None: "pending", "CLAIMED": "pending", "RECONCILING": "pending", "DONE": "done",
-    "FAILED": "failed", "UNKNOWN": "unknown", "REVOKED": "revoked", "SUPERSEDED": "revoked",
-}  # fmt: skip
+
+
+class JobState(StrEnum):
+    """A campaign job's phase: ``POST /v1/campaigns`` runs a large campaign as a job of an
+    API process, and any replica answers ``GET /v1/campaigns/{id}/jobs/{job}`` with it."""
+
+    #: Waiting for its turn in its API process, however long.
+    QUEUED = "queued"
+    #: Reading the recipients into the plan.
+    PLANNING = "planning"
+    #: The plan approved: fanning the messages out.
+    SENDING = "sending"
+    #: Every recipient fanned out (the report says how).
+    DONE = "done"
+    #: Stopped with an error (the job's ``error`` says which).
+    FAILED = "failed"
+    #: Its process stopped beating (read only, never written): submit the campaign again.
+    LOST = "lost"
 
 
 MAX_RECIPIENTS = 1_000_000
@@ -592,19 +608,21 @@ def campaign_status(
     # Counts over the approved plan's recipients only (dropped ones are subtracted).
     states = store.state_counts(campaign_id, plan)
     sent = store.sent_count(campaign_id, plan.version)
-    counts = dict.fromkeys(("pending", "done", "failed", "unknown", "revoked"), 0)
+    counts = dict.fromkeys((s.value for s in RecipientState), 0)
     for state, n in states.items():
-        counts[RECIPIENT_STATE[state]] += n
-    settled = sum(n for s, n in counts.items() if s != "pending")
-    counts["pending"] = max(plan.count - settled, 0)
+        counts[RECIPIENT_STATE[State(state)]] += n
+    settled = sum(n for s, n in counts.items() if s != RecipientState.PENDING)
+    counts[RecipientState.PENDING] = max(plan.count - settled, 0)
     next_cursor, rows = store.rows(plan, cursor=cursor, count=page_size)
     records = ledger.get_many(key for key, _, _ in rows)
     recipients = []
     for key, who, was_sent in rows:
         record = records[key]
-        state = RECIPIENT_STATE[record.state.value if record else None]
-        entry: dict[str, Any] = {"recipient": who, "key": key, "state": state, "sent": was_sent}
-        if state in ("unknown", "failed") and record is not None:
+        state = RECIPIENT_STATE[record.state if record else None]
+        entry: dict[str, Any] = {
+            "recipient": who, "key": key, "state": state.value, "sent": was_sent
+        }  # fmt: skip
+        if state in (RecipientState.UNKNOWN, RecipientState.FAILED) and record is not None:
             entry["reason"] = record.reason
         recipients.append(entry)
     return {
@@ -614,7 +632,7 @@ def campaign_status(
         "recipients_total": plan.count,
         "counts": counts,
         "approved_but_never_sent": plan.count - sent,
-        "blocked_for_operator": counts.get("unknown", 0),
+        "blocked_for_operator": counts[RecipientState.UNKNOWN],
         "recipients": recipients,
         "next_cursor": next_cursor,
         "message": None

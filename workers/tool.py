@@ -63,6 +63,7 @@ from dedupe import (
     derive,
 )
 from dedupe.failpoints import failpoint
+from dedupe.identity import EFFECT_KEY
 from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 
 from . import logs, metrics, registry, tracing
@@ -96,7 +97,7 @@ class Envelope(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     v: Literal[1]
-    key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    key: Annotated[str, StringConstraints(pattern=f"^{EFFECT_KEY.pattern}$")]
     scope: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     action: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     args: dict[str, JsonValue]

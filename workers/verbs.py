@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dedupe import CampaignNotFoundError, MessageError, OperatorError, State, Write
+from dedupe.identity import EFFECT_KEY
 
 if TYPE_CHECKING:
     from dedupe import EffectRecord
@@ -99,7 +100,7 @@ MAX_PAGE = 1000
 _YEAR_S = 366 * 86400
 _STREAM_ID = re.compile(r"[0-9]{1,16}-[0-9]{1,16}")
 _PREFIX = re.compile(r"[0-9a-f]{12,64}")
-_PAGE_CURSOR = re.compile(r"[ul][0-9]{1,16}\.[0-9a-f]{64}")
+_PAGE_CURSOR = re.compile(rf"[ul][0-9]{{1,16}}\.{EFFECT_KEY.pattern}")
 
 
 def parse_since(text: str | None, *, now_ms: Callable[[], int], what: str = "since") -> int | None:
@@ -292,6 +293,8 @@ def campaign_job(
     from dedupe import CampaignStore
     from dedupe.campaigns import normalize_campaign_id
 
+    from .campaign import JobState
+
     campaign_id = normalize_campaign_id(campaign_id)
     found = CampaignStore(ops.ledger).job(campaign_id, job_id)
     if found is None:
@@ -299,22 +302,22 @@ def campaign_job(
     document: dict[str, Any] = {"job_id": job_id, "campaign_id": campaign_id}
     document.update({k: int(found.get(k, 0)) for k in _JOB_INTS})
     # "accepted": a queued job as the previous release wrote it.
-    state = "queued" if found["state"] == "accepted" else found["state"]
+    state = JobState.QUEUED if found["state"] == "accepted" else JobState(found["state"])
     # Both ends on the ledger's clock: stamped by the API host holding the job, read here
     # (another host, whose clock may disagree). A record without beat_ms predates it.
     beat_ms = max(document["updated_ms"], int(found.get("beat_ms", 0)))
     idle_ms = ops.ledger.server_time_ms() - beat_ms
-    if state not in ("done", "failed") and idle_ms > lost_after_ms:
-        state = "lost"
+    if state not in (JobState.DONE, JobState.FAILED) and idle_ms > lost_after_ms:
+        state = JobState.LOST
         document["error"] = {"error": "lost", "message": "the process running this job "
                              "stopped; submit the campaign again: only recipients not yet "
                              "done are sent"}  # fmt: skip
-    document["state"] = state
+    document["state"] = state.value
     if "error" in found:
         document["error"] = {"error": found["error"], "message": found.get("message", "")}
     document["report"] = json.loads(found["report"]) if "report" in found else None
     document["campaign"] = None
-    if state in ("sending", "done", "lost"):
+    if state in (JobState.SENDING, JobState.DONE, JobState.LOST):
         with contextlib.suppress(CampaignNotFoundError):  # its plan expired since
             document["campaign"] = campaign_status(ops, campaign_id, page_size=10)
     return document

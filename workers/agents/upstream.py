@@ -39,6 +39,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from dedupe import MessageError, NotExecutedError, RejectedError
+from dedupe.spec import TOOL_NAME
 
 from ..tool import EffectCall, EffectTool, ToolResult, effect_tool
 
@@ -57,7 +58,9 @@ except ImportError as exc:  # pragma: no cover - the extra's own message
 __all__ = ["ENV", "UpstreamConfig", "connect", "declare", "load_config"]
 
 ENV = "EFFECTQ_MCP_UPSTREAM"
+# An argument's name; a tool's is a declaration's (``dedupe.spec.TOOL_NAME``).
 _Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
+_ToolName = Annotated[str, StringConstraints(pattern=f"^{TOOL_NAME.pattern}$")]
 
 
 class Upstream(BaseModel):
@@ -91,7 +94,7 @@ class UpstreamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     upstream: Upstream
-    tools: dict[_Name, GuardedTool]
+    tools: dict[_ToolName, GuardedTool]
 
 
 def load_config(path: str | Path) -> UpstreamConfig:

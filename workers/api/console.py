@@ -13,7 +13,6 @@ form posts) must name this host, and an authenticated form must carry the CSRF t
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import resources
@@ -26,17 +25,18 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from dedupe import CampaignNotFoundError, EffectqError, EffectRecord, MessageError, State
-from dedupe.states import OPERATOR_ACTIONS
+from dedupe.identity import EFFECT_KEY
+from dedupe.spec import TOOL_NAME
+from dedupe.states import OPERATOR_ACTIONS, IndexedState
 
 from .. import verbs
 from .auth import ApiToken, Tokens
-from .models import KEY_PATTERN, MAX_CURSOR
+from .models import MAX_CURSOR
 from .problems import problem_of
 
 __all__ = ["COOKIE", "router"]
 
 COOKIE = "effectq_session"
-_KEY = re.compile(KEY_PATTERN)
 _ACTIONS = ("resolve", "revoke", "supersede", "replay")
 _MAX_FIELDS = 20
 _HEADERS = {
@@ -185,14 +185,17 @@ async def logout(request: Request) -> Response:
 # -- pages ------------------------------------------------------------------------------
 
 
-_STATES = ("UNKNOWN", "CLAIMED", "RECONCILING")
-_TOOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+_STATES = tuple(s.value for s in IndexedState)
 Text = Annotated[str, Query(max_length=100)]
 
 
 @router.get("")
 def queue(
-    request: Request, state: Text = "UNKNOWN", tool: Text = "", q: Text = "", cursor: Text = ""
+    request: Request,
+    state: Text = IndexedState.UNKNOWN.value,
+    tool: Text = "",
+    q: Text = "",
+    cursor: Text = "",
 ) -> Response:
     """The work queue: a page of the state indexes with filters and a key search, and the
     expired claims awaiting the reconciler (both from bucket indexes: no scan)."""
@@ -201,7 +204,7 @@ def queue(
     filters = {"state": state, "tool": tool, "q": q}
     ops = verbs.operator()
     try:
-        if tool and not _TOOL.fullmatch(tool):
+        if tool and not TOOL_NAME.fullmatch(tool):
             raise MessageError("not a tool's name")
         if state not in (*_STATES, "ALL"):
             raise MessageError("not a state of the work queue")
@@ -242,7 +245,7 @@ async def recheck(request: Request) -> Response:
         since = verbs.parse_since(form.get("since") or None, now_ms=now, what="since")
         until = verbs.parse_since(form.get("until") or None, now_ms=now, what="until")
         tool = form.get("tool", "")
-        if not _TOOL.fullmatch(tool):
+        if not TOOL_NAME.fullmatch(tool):
             raise MessageError("not a tool's name")
         return verbs.recheck(
             tool, since_ms=since, until_ms=until, actor=session.token.name,
@@ -263,7 +266,7 @@ def dead_letters(request: Request, tool: Text = "", cursor: Text = "") -> Respon
     if _session(request) is None:
         return _to_login()
     try:
-        if tool and not _TOOL.fullmatch(tool):
+        if tool and not TOOL_NAME.fullmatch(tool):
             raise MessageError("not a tool's name")
         page = verbs.dead_letters(verbs.operator(), tool=tool or None, cursor=cursor or None)
     except EffectqError as exc:
@@ -326,7 +329,7 @@ def _offered(record: EffectRecord) -> list[str]:
 def effect(request: Request, key: str, ok: str | None = None) -> Response:
     if _session(request) is None:
         return _to_login()
-    if not _KEY.fullmatch(key):
+    if not EFFECT_KEY.fullmatch(key):
         return _page(request, "error.html", 404, title="Not found", message="not an effect key")
     return _story(request, key, ok=ok if ok in _ACTIONS else None)
 
@@ -341,7 +344,7 @@ async def act(request: Request, key: str, action: str) -> Response:
         return _forbidden(request, "the form's CSRF token does not match your session")
     if not session.can_operate:
         return _forbidden(request, "your token lacks the 'operate' scope")
-    if not _KEY.fullmatch(key) or action not in _ACTIONS:
+    if not EFFECT_KEY.fullmatch(key) or action not in _ACTIONS:
         return _page(request, "error.html", 404, title="Not found", message="no such action")
     try:
         run = _action(action, key, session.token.name, form)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dedupe import CampaignStore, EffectqError
 from dedupe.campaigns import normalize_campaign_id
 
-from ..campaign import CampaignFile, submit_campaign
+from ..campaign import CampaignFile, JobState, submit_campaign
 from ..registry import get_tool
 from ..runtime import Runtime
 from .problems import problem_of
@@ -56,7 +56,7 @@ class CampaignJobs:
         get_tool(spec.tool)
         campaign_id = normalize_campaign_id(spec.campaign_id)
         job_id = secrets.token_hex(8)
-        self._write(campaign_id, job_id, state="queued", recipients=len(spec.recipients),
+        self._write(campaign_id, job_id, state=JobState.QUEUED, recipients=len(spec.recipients),
                     planned=0, sent=0)  # fmt: skip
         self._hold((campaign_id, job_id))
         self.pool.submit(self._run, campaign_id, job_id, spec)
@@ -108,7 +108,7 @@ class CampaignJobs:
     def _execute(self, campaign_id: str, job_id: str, spec: CampaignFile) -> None:
         done = {"planned": 0, "sent": 0}
 
-        def advance(what: str, state: str) -> Callable[[int], None]:
+        def advance(what: str, state: JobState) -> Callable[[int], None]:
             def step(n: int) -> None:
                 done[what] += n
                 self._write(campaign_id, job_id, state=state, **done)
@@ -116,20 +116,22 @@ class CampaignJobs:
             return step
 
         try:
-            self._write(campaign_id, job_id, state="planning")
+            self._write(campaign_id, job_id, state=JobState.PLANNING)
             report = submit_campaign(
                 spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
-                plan_version=spec.plan_version, planning=advance("planned", "planning"),
-                progress=advance("sent", "sending"),
+                plan_version=spec.plan_version, planning=advance("planned", JobState.PLANNING),
+                progress=advance("sent", JobState.SENDING),
             )  # fmt: skip
         except EffectqError as exc:
             problem = problem_of(exc)
-            self._write(campaign_id, job_id, state="failed", error=problem.error,
+            self._write(campaign_id, job_id, state=JobState.FAILED, error=problem.error,
                         message=problem.message)  # fmt: skip
         except Exception as exc:
             # Its kind only: a message or traceback may carry a recipient.
             log.error("campaign job failed: %s", type(exc).__name__)
-            self._write(campaign_id, job_id, state="failed", error="internal",
+            self._write(campaign_id, job_id, state=JobState.FAILED, error="internal",
                         message="internal error")  # fmt: skip
         else:
-            self._write(campaign_id, job_id, state="done", report=json.dumps(report.as_dict()))
+            self._write(
+                campaign_id, job_id, state=JobState.DONE, report=json.dumps(report.as_dict())
+            )

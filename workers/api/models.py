@@ -12,9 +12,16 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 from dedupe import State
+from dedupe.identity import EFFECT_KEY
+from dedupe.spec import TOOL_NAME
+from dedupe.states import RecipientState
 from reconciler.operator import MAX_TEXT
 
-KEY_PATTERN = r"^[0-9a-f]{64}$"
+from ..campaign import JobState
+
+# The schema's forms (anchored) of the effect key and the tool name.
+KEY_PATTERN = f"^{EFFECT_KEY.pattern}$"
+TOOL_PATTERN = f"^{TOOL_NAME.pattern}$"
 # The longest ?wait= a producer may hold a connection for; part of the published contract.
 MAX_WAIT_S = 30.0
 # A campaign page cursor is Redis's HSCAN cursor: an unsigned 64-bit integer.
@@ -62,7 +69,7 @@ Since = Annotated[str, StringConstraints(min_length=1, max_length=40)]
 class Recheck(_Strict):
     """``effectq recheck``: UNKNOWN effects of a tool back to the reconciler."""
 
-    tool: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
+    tool: Annotated[str, StringConstraints(pattern=TOOL_PATTERN)]
     since: Since | None = Field(
         default=None, description="became UNKNOWN at or after: ISO 8601, or seconds ago"
     )
@@ -96,6 +103,7 @@ class Transition(BaseModel):
     state: str
     token: int
     at_ms: int
+    at: str = Field(description="at_ms as ISO 8601, UTC")
     note: str
 
 
@@ -155,7 +163,7 @@ class CampaignJobAccepted(BaseModel):
 class Recipient(BaseModel):
     recipient: str
     key: str
-    state: Literal["pending", "done", "failed", "unknown", "revoked"]
+    state: RecipientState
     sent: bool
     reason: str | None = None
 
@@ -185,7 +193,7 @@ class CampaignJob(BaseModel):
 
     job_id: str
     campaign_id: str
-    state: Literal["queued", "planning", "sending", "done", "failed", "lost"] = Field(
+    state: JobState = Field(
         description="queued: waiting for its turn in its API process; lost: its process "
         "stopped (no heartbeat for 60 s by the ledger's clock: submit the campaign again)"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Security
@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dedupe import CampaignNotFoundError, State
+from dedupe.states import IndexedState
 
 from .. import verbs
 from ..campaign import CampaignFile
@@ -257,7 +258,7 @@ PageCursor = Annotated[
     Query(min_length=1, max_length=100, description="from the previous page's next_cursor"),
 ]
 PageLimit = Annotated[int, Query(ge=1, le=verbs.MAX_PAGE)]
-ToolQuery = Annotated[str | None, Query(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")]
+ToolQuery = Annotated[str | None, Query(pattern=models.TOOL_PATTERN)]
 
 
 def _since(ops: Operator, text: str | None, what: str = "since") -> int | None:
@@ -281,7 +282,7 @@ def list_pending(caller: Reader, limit: PageLimit = 100) -> JSONResponse:
 def list_effects(
     caller: Reader,
     state: Annotated[
-        Literal["UNKNOWN", "CLAIMED", "RECONCILING"] | None,
+        IndexedState | None,
         Query(description="default: UNKNOWN, then CLAIMED and RECONCILING"),
     ] = None,
     tool: ToolQuery = None,

@@ -53,8 +53,6 @@ def inspect(
         key = found[0].key
     record = verbs.inspect(ops, key)
     document = record.as_dict()
-    for entry in document["history"]:
-        entry["at"] = _iso(entry["at_ms"])
     if as_json:
         emit(document)
         return
@@ -99,6 +97,7 @@ def list_(
     through the indexed states (a JSON object with next_cursor), --key searches, --pending
     shows the keys that hold only a pending marker."""
     from dedupe import State
+    from dedupe.states import INDEXED
 
     if pending:
         if state or key or since is not None or cursor is not None:
@@ -133,8 +132,8 @@ def list_(
             fail(2, "--key searches by key: it does not page (drop --since / --cursor)")
         if limit > verbs.MAX_PAGE:
             fail(2, f"--limit: a page holds at most {verbs.MAX_PAGE} (go on with --cursor)")
-        if wanted not in (None, State.UNKNOWN, State.CLAIMED, State.RECONCILING):
-            fail(2, "--since / --cursor page through UNKNOWN, CLAIMED and RECONCILING only")
+        if wanted is not None and wanted not in INDEXED:
+            fail(2, f"--since / --cursor page through {', '.join(INDEXED)} only")
         verbs.page_cursor(cursor)
         since_ms = verbs.parse_since(since, now_ms=now_ms, what="--since")
         page = verbs.effects_page(

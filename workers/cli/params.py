@@ -22,12 +22,13 @@ from ._app import _Refused, fail, line
 
 # -- parameters ----------------------------------------------------------------------------
 
-_KEY = re.compile(r"[0-9a-f]{64}")
-
 
 def _key(value: str) -> str:
     """An effect key as the ledger writes it: 64 lowercase hex digits (DESIGN §2)."""
-    if not _KEY.fullmatch(value):
+    # Imported here, not above: ``--help`` loads no dedupe module but the lazy helper.
+    from dedupe.identity import EFFECT_KEY
+
+    if not EFFECT_KEY.fullmatch(value):
         raise _Refused("KEY must be an effect key: 64 lowercase hex digits (see effectq list)")
     return value
 
@@ -61,14 +62,17 @@ def _fraction(help: str) -> Any:
 
 Port = Annotated[int, typer.Option(metavar="PORT", min=0, max=65535)]
 
-_TOOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
-
 
 def _tool(value: str) -> str:
-    """A tool's name as it is declared: checked here so that an unknown one, named back in
-    the refusal, is short and printable."""
-    if not _TOOL.fullmatch(value):
-        raise _Refused("must be a tool's name (letters, digits, _ . -; at most 100)")
+    """A tool's name as a declaration allows it (``dedupe.spec.TOOL_NAME``): checked here so
+    that an unknown one, named back in the refusal, is short and printable."""
+    from dedupe.spec import TOOL_NAME
+
+    if not TOOL_NAME.fullmatch(value):
+        raise _Refused(
+            "must be a tool's name (a lowercase letter, then lowercase letters, digits, _ . -; "
+            "at most 64)"
+        )
     return value
 
 

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from dedupe import EffectqError, Ledger
+from dedupe.states import INDEXED
 
 from ..broker.keys import queue_hash
 
@@ -148,7 +149,8 @@ def _ledger_families(
         {
             label
             for (kind, label) in counts
-            if kind in {"CLAIMED", "RECONCILING", "UNKNOWN", "dup_submit", "dup_claim", "conflict"}
+            # The stats hash counts records of the indexed states, and three events.
+            if kind in {*INDEXED, "dup_submit", "dup_claim", "conflict"}
         }
     )
 
