@@ -142,3 +142,13 @@ def test_the_scope_is_the_thread_and_identity_never_the_tool_call_id() -> None:
     by_order = EffectGuard(["charge"], identity=lambda r: "order-1042")
     assert by_order.scope(request) == "langgraph:t-9:order-1042"
     assert "call_123" not in by_order.scope(request)
+
+
+def test_the_readme_langchain_example_runs_offline_and_charges_once() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "langchain_agent.py")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "tool answered call_2: charge was already done" in done.stdout
+    assert "provider executions: 1" in done.stdout

@@ -29,6 +29,7 @@ from workers.dev.ports import free_port  # noqa: E402
 
 ORDER = {"customer": "cus_7", "amount": "10.50", "currency": "usd"}
 CLIENT = Path(__file__).with_name("mcp_client.py")
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "agent-token-0123456789abcdef"
 TOKENS = f"agent:{TOKEN}:submit;reader:reader-token-0123456789ab:read"
 
@@ -259,3 +260,13 @@ def test_bad_options_are_one_line_before_anything_is_contacted(
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.startswith(f"effectq: mcp: {reason}") and done.stderr.count("\n") == 1
+
+
+def test_the_readme_mcp_client_example_runs_offline_and_charges_once() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "mcp_client.py")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "call 2 answered (isError=False): charge was already done" in done.stdout
+    assert "provider executions: 1" in done.stdout
