@@ -15,7 +15,7 @@ from redis.commands.core import Script
 
 from .connection import Connection, ms
 from .records import EffectRecord, PendingMarker, State
-from .states import CLAIMABLE
+from .states import CLAIMABLE, INDEXED
 
 __all__ = ["Reads"]
 
@@ -136,7 +136,7 @@ class Reads(Connection):
         bucket indexes; the expiring states need a SCAN of the keyspace, bounded by
         ``limit``."""
         with self.guard():
-            if state in (State.UNKNOWN, State.CLAIMED, State.RECONCILING):
+            if state in INDEXED:
                 index = "unknown" if state is State.UNKNOWN else "leases"
                 pipe = self.client.pipeline(transaction=False)
                 for bucket in range(self.buckets):
