@@ -182,10 +182,17 @@ def test_restarts_are_counted_and_too_many_make_healthz_fail(
     wait_status(port, "/readyz", 200)
 
 
-def test_readyz_fails_while_the_ledger_does_not_answer(
-    pool_port: tuple[LocalStack, int],
-) -> None:
-    stack, port = pool_port
+@pytest.fixture
+def own_stack(tmp_path: Path) -> Iterator[LocalStack]:
+    """A deployment of this test's own: its ledger's redis-server is stopped and started
+    again, which must not take the session's stack (and every later test) down with it
+    should the restart fail on a loaded machine."""
+    with LocalStack(workdir=tmp_path) as stack:
+        yield stack
+
+
+def test_readyz_fails_while_the_ledger_does_not_answer(own_stack: LocalStack) -> None:
+    stack, port = own_stack, free_port()
     stack.start_workers(processes=1, threads=1, EFFECTQ_METRICS_PORT=str(port))
     wait_status(port, "/readyz", 200)
     assert stack.redis is not None
@@ -213,19 +220,19 @@ def test_reconciler_liveness_fails_when_its_loop_stops_turning() -> None:
 
 
 def test_a_reconciler_stays_live_through_a_ledger_outage_and_is_not_ready(
-    live: LocalStack,
+    own_stack: LocalStack,
 ) -> None:
     """Kubernetes must not restart a reconciler because Redis is down: a restart cures
     nothing, and CrashLoopBackOff delays the recovery. Liveness is the loop turning; the
     ledger is readiness's (and EffectqReconcilerStalled's, on the last finished pass)."""
     port = free_port()
-    live.start_reconciler(
+    own_stack.start_reconciler(
         interval=0.1, EFFECTQ_METRICS_PORT=str(port), EFFECTQ_HEALTH_STALL_S="0.5"
     )
     assert wait_status(port, "/healthz", 200) == "ok\n"
     assert wait_status(port, "/readyz", 200) == "ok\n"
-    assert live.redis is not None
-    live.redis.stop()  # every pass now fails: none finishes
+    assert own_stack.redis is not None
+    own_stack.redis.stop()  # every pass now fails: none finishes
     try:
         body = wait_status(port, "/readyz", 503, timeout=30)
         assert "ledger unavailable" in body, body
@@ -238,5 +245,5 @@ def test_a_reconciler_stays_live_through_a_ledger_outage_and_is_not_ready(
             time.sleep(0.1)
         assert answers and all(a == (200, "ok\n") for a in answers), answers
     finally:
-        live.redis.start()
+        own_stack.redis.start()
     assert wait_status(port, "/readyz", 200, timeout=30) == "ok\n"
