@@ -12,7 +12,7 @@ Floors, lowest first; a module may import its own floor and the floors below it:
     reconciler    expired claims, lookups, operator actions
     workers/core  the worker path: settings, registry, leases, broker/, metrics/, runtime,
                   tool, entry, supervisor
-    workers/svc   producer services: producer, campaign, guard, examples
+    workers/svc   producer services: producer, campaigns/, guard, examples
     workers/face  the faces and their one door: verbs, cli, api/, agents/, __main__
     workers/dev   the local harness (sandbox, embedded Redis, local stack, demo): imported
                   by no floor but the CLI's `demo` and `sandbox` verbs
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dedupe", "reconciler", "workers")
 FLOORS = ("dedupe", "reconciler", "workers/core", "workers/svc", "workers/face", "workers/dev")
-_SVC = {"workers.producer", "workers.campaign", "workers.guard", "workers.examples"}
+_SVC = {"workers.producer", "workers.campaigns", "workers.guard", "workers.examples"}
 _FACE = {"workers.verbs", "workers.__main__", "workers"}
 #: The one sanctioned way into the local harness from outside it: the CLI's `demo` and
 #: `sandbox` verbs.
@@ -40,7 +40,7 @@ def floor(module: str) -> str:
         return top
     if module.startswith("workers.dev"):
         return "workers/dev"
-    if module in _SVC:
+    if module in _SVC or module.startswith("workers.campaigns."):
         return "workers/svc"
     if module in _FACE or module.startswith(("workers.api", "workers.agents", "workers.cli")):
         return "workers/face"

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from dedupe.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .campaign import CampaignReport as CampaignReport
-    from .campaign import campaign_status as campaign_status
-    from .campaign import submit_campaign as submit_campaign
+    from .campaigns import CampaignReport as CampaignReport
+    from .campaigns import campaign_status as campaign_status
+    from .campaigns import submit_campaign as submit_campaign
     from .producer import Handle as Handle
     from .producer import Status as Status
     from .producer import WaitTimeout as WaitTimeout
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from .tool import get_tool as get_tool
 
 _WHERE = {
-    "CampaignReport": "campaign",
-    "campaign_status": "campaign",
-    "submit_campaign": "campaign",
+    "CampaignReport": "campaigns",
+    "campaign_status": "campaigns",
+    "submit_campaign": "campaigns",
     "Handle": "producer",
     "Status": "producer",
     "WaitTimeout": "producer",

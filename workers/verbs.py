@@ -16,14 +16,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dedupe import CampaignNotFoundError, MessageError, OperatorError, State, Write
+from dedupe import MessageError, OperatorError, State, Write
 from dedupe.identity import EFFECT_KEY
 
 if TYPE_CHECKING:
     from dedupe import EffectRecord
     from reconciler import Operator
 
-    from .campaign import CampaignFile, CampaignReport, CampaignSource
+    from .campaigns import CampaignFile, CampaignReport, CampaignSource
     from .producer import Handle
     from .runtime import Runtime
     from .settings import Settings
@@ -43,6 +43,7 @@ __all__ = [
     "find_keys",
     "inspect",
     "list_effects",
+    "open_campaign_file",
     "operator",
     "page_cursor",
     "parse_since",
@@ -269,58 +270,21 @@ def campaign_status(
     ops: Operator, campaign_id: str, *, cursor: int = 0, page_size: int = 100
 ) -> dict[str, Any]:
     """``campaign status --json``; CampaignNotFoundError when there is no such campaign."""
-    from .campaign import campaign_status as status
+    from .campaigns import campaign_status as status
 
     return status(campaign_id, cursor=cursor, page_size=page_size, ledger=ops.ledger)
 
 
-#: A job not stamped for this long by the ledger's clock was lost with its process (the
-#: process holding it stamps it every ``workers.api.jobs.JOB_BEAT_S``, queued or running).
-JOB_LOST_MS = 60_000
-_JOB_INTS = ("recipients", "planned", "sent", "updated_ms")
-
-
 def campaign_job(
-    ops: Operator, campaign_id: str, job_id: str, *, lost_after_ms: int = JOB_LOST_MS
+    ops: Operator, campaign_id: str, job_id: str, *, lost_after_ms: int | None = None
 ) -> dict[str, Any]:
     """A campaign job (``GET /v1/campaigns/{id}/jobs/{job}``): its state (queued, planning,
     sending, done, failed, lost), progress, the report or the error, and once its plan is
-    approved the campaign's own status (counts, never-sent diff, a first page of
-    recipients). CampaignNotFoundError when there is no such job."""
-    import contextlib
-    import json
+    approved the campaign's own status; read where the job is written
+    (``workers.campaigns.jobs``). CampaignNotFoundError when there is no such job."""
+    from .campaigns.jobs import read_job
 
-    from dedupe import CampaignStore
-    from dedupe.campaigns import normalize_campaign_id
-
-    from .campaign import JobState
-
-    campaign_id = normalize_campaign_id(campaign_id)
-    found = CampaignStore(ops.ledger).job(campaign_id, job_id)
-    if found is None:
-        raise CampaignNotFoundError(f"no job {job_id!r} of campaign {campaign_id!r}")
-    document: dict[str, Any] = {"job_id": job_id, "campaign_id": campaign_id}
-    document.update({k: int(found.get(k, 0)) for k in _JOB_INTS})
-    # "accepted": a queued job as the previous release wrote it.
-    state = JobState.QUEUED if found["state"] == "accepted" else JobState(found["state"])
-    # Both ends on the ledger's clock: stamped by the API host holding the job, read here
-    # (another host, whose clock may disagree). A record without beat_ms predates it.
-    beat_ms = max(document["updated_ms"], int(found.get("beat_ms", 0)))
-    idle_ms = ops.ledger.server_time_ms() - beat_ms
-    if state not in (JobState.DONE, JobState.FAILED) and idle_ms > lost_after_ms:
-        state = JobState.LOST
-        document["error"] = {"error": "lost", "message": "the process running this job "
-                             "stopped; submit the campaign again: only recipients not yet "
-                             "done are sent"}  # fmt: skip
-    document["state"] = state.value
-    if "error" in found:
-        document["error"] = {"error": found["error"], "message": found.get("message", "")}
-    document["report"] = json.loads(found["report"]) if "report" in found else None
-    document["campaign"] = None
-    if state in (JobState.SENDING, JobState.DONE, JobState.LOST):
-        with contextlib.suppress(CampaignNotFoundError):  # its plan expired since
-            document["campaign"] = campaign_status(ops, campaign_id, page_size=10)
-    return document
+    return read_job(ops.ledger, campaign_id, job_id, lost_after_ms=lost_after_ms)
 
 
 # -- actions ----------------------------------------------------------------------------------
@@ -366,12 +330,21 @@ def submit_campaign_file(
     planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
     """Freeze and fan out a campaign given as ``POST /v1/campaigns`` takes it."""
-    from .campaign import submit_campaign
+    from .campaigns import submit_campaign
 
     return submit_campaign(
         spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
         plan_version=spec.plan_version, progress=progress, planning=planning,
     )  # fmt: skip
+
+
+def open_campaign_file(path: str) -> CampaignSource:
+    """``effectq campaign submit FILE``: the file checked (JSON, its header, 1 to 1,000,000
+    recipients) and counted, not loaded. Raises OSError, pydantic's ValidationError,
+    MessageError."""
+    from .campaigns import CampaignSource
+
+    return CampaignSource.open(path)
 
 
 def submit_campaign_source(
@@ -380,7 +353,7 @@ def submit_campaign_source(
     planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
     """Freeze and fan out a campaign file, streamed (``effectq campaign submit FILE``)."""
-    from .campaign import submit_campaign
+    from .campaigns import submit_campaign
 
     spec = source.header
     return submit_campaign(

@@ -53,7 +53,7 @@ TEMPLATE = {"subject": "Spring sale", "body": "Hello from the bench"}
 def _throughput(stack: LocalStack, n: int, rounds: int) -> dict[str, Any]:
     from dedupe import derive
     from workers import Envelope, get_tool, submit
-    from workers.campaign import submit_campaign
+    from workers.campaigns import submit_campaign
     from workers.examples import send_email
 
     broker_db = redis.Redis.from_url(stack.broker_url)

@@ -53,7 +53,7 @@ def main() -> None:
         on_redis.apply_env()
         from workers import Envelope, runtime
         from workers.broker.fanout import enqueue_many
-        from workers.campaign import submit_campaign
+        from workers.campaigns import submit_campaign
         from workers.examples import send_email
 
         stacks = {"redis": on_redis, "rabbitmq": on_rabbitmq}

@@ -14,8 +14,8 @@ import pytest
 from dedupe import CampaignStore
 from tests.support.stack import wait_for
 from workers import runtime, verbs
-from workers.api.jobs import JOB_TTL_S, CampaignJobs
-from workers.campaign import CampaignFile
+from workers.campaigns import CampaignFile
+from workers.campaigns.jobs import JOB_TTL_S, CampaignJobs
 from workers.dev.local import LocalStack
 
 SPEC = CampaignFile(

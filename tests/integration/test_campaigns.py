@@ -19,7 +19,7 @@ from dedupe import CampaignStore, ConflictError
 from dedupe.errors import InvisibleCharacterError
 from tests.support.stack import DRAINED, broker_messages, wait_for
 from workers import get_tool, runtime
-from workers.campaign import campaign_status, submit_campaign
+from workers.campaigns import campaign_status, submit_campaign
 from workers.dev.local import LocalStack
 
 TEMPLATE = {"subject": "Spring sale", "body": "Hello!"}
@@ -360,7 +360,7 @@ def test_a_plan_frozen_before_rows_ids_is_adopted_compared_and_versioned(
 def _args_fingerprint(tool: Any) -> str:
     """The args fingerprint submit_campaign computes for send_email (no bound field but
     the recipient)."""
-    from workers.campaign import _sha
+    from workers.campaigns.plan import _sha
 
     return _sha({"tool": tool.name, "action": "receipt", "bound": {}})
 

@@ -10,7 +10,7 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dedupe import State
 from tests.support.stack import DRAINED, broker_messages, wait_for, wait_states
 from workers import runtime, submit
-from workers.campaign import campaign_status, submit_campaign
+from workers.campaigns import campaign_status, submit_campaign
 from workers.dev.local import LocalStack
 
 TEMPLATE = {"subject": "Spring sale", "body": "Hello"}

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from dedupe import EffectqError, IdentityError, State
 from tests.support.stack import wait_for, wait_states
 from workers import Envelope, get_tool, runtime, submit
-from workers.campaign import campaign_status, submit_campaign
+from workers.campaigns import campaign_status, submit_campaign
 from workers.cli import app
 from workers.dev.local import LocalStack
 from workers.dev.ports import free_port

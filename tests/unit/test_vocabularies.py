@@ -1,7 +1,7 @@
 """Each vocabulary the faces share is defined once and read everywhere else (issue 38, item
 2): an effect key (``dedupe.identity.EFFECT_KEY``), a tool's name (``dedupe.spec.TOOL_NAME``),
 the states an operator pages through, a campaign recipient's state (``dedupe.states``) and
-a campaign job's (``workers.campaign.JobState``). The faces used to restate the tool-name
+a campaign job's (``workers.campaigns.jobs.JobState``). The faces used to restate the tool-name
 rule more loosely than a declaration does (upper case, a leading underscore, up to 100
 characters): a name no tool can have now is refused where it comes in."""
 

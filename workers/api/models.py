@@ -17,7 +17,7 @@ from dedupe.spec import TOOL_NAME
 from dedupe.states import RecipientState
 from reconciler.operator import MAX_TEXT
 
-from ..campaign import JobState
+from ..campaigns.jobs import JobState
 
 # The schema's forms (anchored) of the effect key and the tool name.
 KEY_PATTERN = f"^{EFFECT_KEY.pattern}$"

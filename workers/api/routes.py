@@ -21,12 +21,12 @@ from dedupe import CampaignNotFoundError, State
 from dedupe.states import IndexedState
 
 from .. import verbs
-from ..campaign import CampaignFile
+from ..campaigns.file import CampaignFile
+from ..campaigns.jobs import CampaignJobs
 from ..producer import Status, WaitTimeout
 from ..runtime import current
 from . import models
 from .auth import ApiToken, Tokens
-from .jobs import CampaignJobs
 from .problems import ApiProblem
 
 if TYPE_CHECKING:

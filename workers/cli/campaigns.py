@@ -38,11 +38,10 @@ def campaign_submit(
 
     from dedupe import MessageError
 
-    from ..campaign import CampaignSource
-    from ..verbs import submit_campaign_source
+    from ..verbs import open_campaign_file, submit_campaign_source
 
     try:
-        source = CampaignSource.open(path)
+        source = open_campaign_file(path)
     except OSError as exc:
         fail(2, f"cannot read the campaign file: {exc.strerror}")
     except ValidationError as exc:

@@ -1,18 +1,20 @@
-"""Large campaigns submitted over the API run as jobs: ``POST /v1/campaigns`` answers 202
-with the job's URL at once, and a thread of the API process (not the request's) plans and
-fans the campaign out, recording its phase and progress with the campaign in Redis, where
-any replica answers ``GET /v1/campaigns/{id}/jobs/{job}``.
+"""A campaign job, its writer and its reader in one place. Large campaigns submitted over the
+API run as jobs: ``POST /v1/campaigns`` answers 202 with the job's URL at once, and a
+thread of the API process (not the request's) plans and fans the campaign out, recording
+its phase and progress with the campaign in Redis, where any replica answers
+``GET /v1/campaigns/{id}/jobs/{job}``.
 
 While the API process holds a job — queued behind others, or running — it stamps the job
 with the ledger's time every ``JOB_BEAT_S`` (a heartbeat); every time a job's record holds
 is the ledger's (Redis ``TIME``), so API hosts whose clocks disagree judge it alike
-(``verbs.campaign_job``). A job whose process died stops beating; its status then says so
+(``read_job``). A job whose process died stops beating; its status then says so
 (``lost``), and the campaign is submitted again: re-submission sends only what is not done
 (DESIGN §3). A job waiting for its turn is ``queued``, however long it waits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -20,24 +22,50 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-from dedupe import CampaignStore, EffectqError
+from dedupe import CampaignNotFoundError, CampaignStore, EffectqError, Ledger
 from dedupe.campaigns import normalize_campaign_id
+from dedupe.errors import code_of
 
-from ..campaign import CampaignFile, JobState, submit_campaign
 from ..registry import get_tool
-from ..runtime import Runtime
-from .problems import problem_of
+from .file import CampaignFile
+from .status import campaign_status
 
-__all__ = ["JOB_BEAT_S", "JOB_TTL_S", "CampaignJobs"]
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+__all__ = ["JOB_BEAT_S", "JOB_LOST_MS", "JOB_TTL_S", "CampaignJobs", "JobState", "read_job"]
 
 log = logging.getLogger(__name__)
 
 # A job's record outlives its end by a day: long enough to be read, short of piling up.
 JOB_TTL_S = 86_400.0
 # How often a held job is stamped: well inside the silence that reads as lost
-# (verbs.JOB_LOST_MS, 60 s), a slow Redis round trip or two included.
+# (``JOB_LOST_MS``, 60 s), a slow Redis round trip or two included.
 JOB_BEAT_S = 10.0
+
+
+class JobState(StrEnum):
+    """A campaign job's phase: ``POST /v1/campaigns`` runs a large campaign as a job of an
+    API process, and any replica answers ``GET /v1/campaigns/{id}/jobs/{job}`` with it."""
+
+    #: Waiting for its turn in its API process, however long.
+    QUEUED = "queued"
+    #: Reading the recipients into the plan.
+    PLANNING = "planning"
+    #: The plan approved: fanning the messages out.
+    SENDING = "sending"
+    #: Every recipient fanned out (the report says how).
+    DONE = "done"
+    #: Stopped with an error (the job's ``error`` says which).
+    FAILED = "failed"
+    #: Its process stopped beating (read only, never written): submit the campaign again.
+    LOST = "lost"
+
+
+# -- the writer: the API process that runs the job ----------------------------------------
 
 
 class CampaignJobs:
@@ -115,6 +143,9 @@ class CampaignJobs:
 
             return step
 
+        # Here, not at the top: the reader (the verbs' door) does not pay for the fan-out.
+        from .submit import submit_campaign
+
         try:
             self._write(campaign_id, job_id, state=JobState.PLANNING)
             report = submit_campaign(
@@ -123,9 +154,11 @@ class CampaignJobs:
                 progress=advance("sent", JobState.SENDING),
             )  # fmt: skip
         except EffectqError as exc:
-            problem = problem_of(exc)
-            self._write(campaign_id, job_id, state=JobState.FAILED, error=problem.error,
-                        message=problem.message)  # fmt: skip
+            code = code_of(exc)  # the row the API answers this error with
+            if code.status >= 500:  # the ledger's or an unmapped error: its kind only
+                log.error("campaign job failed: %s", type(exc).__name__)
+            self._write(campaign_id, job_id, state=JobState.FAILED, error=code.kind,
+                        message=code.says or exc.message)  # fmt: skip
         except Exception as exc:
             # Its kind only: a message or traceback may carry a recipient.
             log.error("campaign job failed: %s", type(exc).__name__)
@@ -135,3 +168,49 @@ class CampaignJobs:
             self._write(
                 campaign_id, job_id, state=JobState.DONE, report=json.dumps(report.as_dict())
             )
+
+
+# -- the reader: any replica --------------------------------------------------------------
+
+
+#: A job not stamped for this long by the ledger's clock was lost with its process (the
+#: process holding it stamps it every ``JOB_BEAT_S``, queued or running).
+JOB_LOST_MS = 60_000
+_JOB_INTS = ("recipients", "planned", "sent", "updated_ms")
+
+
+def read_job(
+    ledger: Ledger, campaign_id: str, job_id: str, *, lost_after_ms: int | None = None
+) -> dict[str, Any]:
+    """A campaign job (``GET /v1/campaigns/{id}/jobs/{job}``): its state (queued, planning,
+    sending, done, failed, lost), progress, the report or the error, and once its plan is
+    approved the campaign's own status (counts, never-sent diff, a first page of
+    recipients). CampaignNotFoundError when there is no such job; ``lost_after_ms``
+    (default ``JOB_LOST_MS``) is the silence that reads as lost."""
+    lost_after_ms = JOB_LOST_MS if lost_after_ms is None else lost_after_ms
+    campaign_id = normalize_campaign_id(campaign_id)
+    found = CampaignStore(ledger).job(campaign_id, job_id)
+    if found is None:
+        raise CampaignNotFoundError(f"no job {job_id!r} of campaign {campaign_id!r}")
+    document: dict[str, Any] = {"job_id": job_id, "campaign_id": campaign_id}
+    document.update({k: int(found.get(k, 0)) for k in _JOB_INTS})
+    # "accepted": a queued job as the previous release wrote it.
+    state = JobState.QUEUED if found["state"] == "accepted" else JobState(found["state"])
+    # Both ends on the ledger's clock: stamped by the API host holding the job, read here
+    # (another host, whose clock may disagree). A record without beat_ms predates it.
+    beat_ms = max(document["updated_ms"], int(found.get("beat_ms", 0)))
+    idle_ms = ledger.server_time_ms() - beat_ms
+    if state not in (JobState.DONE, JobState.FAILED) and idle_ms > lost_after_ms:
+        state = JobState.LOST
+        document["error"] = {"error": "lost", "message": "the process running this job "
+                             "stopped; submit the campaign again: only recipients not yet "
+                             "done are sent"}  # fmt: skip
+    document["state"] = state.value
+    if "error" in found:
+        document["error"] = {"error": found["error"], "message": found.get("message", "")}
+    document["report"] = json.loads(found["report"]) if "report" in found else None
+    document["campaign"] = None
+    if state in (JobState.SENDING, JobState.DONE, JobState.LOST):
+        with contextlib.suppress(CampaignNotFoundError):  # its plan expired since
+            document["campaign"] = campaign_status(campaign_id, page_size=10, ledger=ledger)
+    return document
