@@ -1,10 +1,10 @@
 """The module each Dramatiq worker process of ``effectq worker`` imports
 (``dramatiq workers.entry``): this process's runtime, built from the environment and
 installed as Dramatiq's broker, its logging and tracing set up, the liveness heartbeat its
-supervisor asked for added (``workers.heartbeat``), and the tools of ``EFFECTQ_TOOLS`` bound
-to it; first of all, the process set to die with the Dramatiq main process that forked it
-(``workers.lifeline``). Importing it has these effects on purpose: that is Dramatiq's CLI
-contract."""
+supervisor asked for added (``workers.lifeline.Heartbeat``), and the tools of
+``EFFECTQ_TOOLS`` bound to it; first of all, the process set to die with the Dramatiq main
+process that forked it (``workers.lifeline``). Importing it has these effects on purpose:
+that is Dramatiq's CLI contract."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import logging
 import multiprocessing
 import sys
 
-from . import heartbeat, lifeline, logs, registry, tracing
+from . import lifeline, logs, registry, tracing
 from .broker.redis import EffectqRedisBroker
 from .runtime import Runtime, install
 from .settings import Settings
@@ -29,7 +29,7 @@ _settings = Settings()
 logs.setup(_settings)
 tracing.configure(_settings)
 runtime = install(Runtime.from_settings(_settings))
-_beat = heartbeat.from_environment(_settings.health_stall_s)
+_beat = lifeline.heartbeat_from_environment(_settings.health_stall_s)
 if _beat is not None:
     runtime.broker.add_middleware(_beat)
 registry.load(runtime.settings.tools)

@@ -33,7 +33,8 @@ them imports prometheus-client), serves the sum over it with the ledger's scrape
 series on ``EFFECTQ_METRICS_PORT``, and reaps the files of dead worker processes.
 
 Health, on the same port (docs/observability.md): each child's worker process touches a
-heartbeat file of its own in that directory while it makes progress (``workers.heartbeat``).
+heartbeat file of its own in that directory while it makes progress
+(``workers.lifeline.Heartbeat``).
 ``/healthz`` fails while a child is dead and not yet restarted, when a child's heartbeat is
 older than ``EFFECTQ_HEALTH_STALL_S`` (its first one counts from its start), and after more
 than ``EFFECTQ_HEALTH_MAX_RESTARTS`` restarts within ``EFFECTQ_HEALTH_RESTART_WINDOW_S``;
@@ -59,7 +60,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily
 
-from . import heartbeat, lifeline
+from . import lifeline
 from .metrics import WorkerRestarts
 from .metrics import server as metrics
 from .settings import Settings, ledger_from_settings
@@ -209,7 +210,11 @@ class Supervisor:
         assert self._dir is not None, "children are spawned by run()"
         beat = self._dir / f"heartbeat-{slot}"
         beat.unlink(missing_ok=True)  # a predecessor's heartbeat is not this child's
-        env = {**self._env, heartbeat.ENV: str(beat), lifeline.SUPERVISOR_PID_ENV: str(os.getpid())}
+        env = {
+            **self._env,
+            lifeline.HEARTBEAT_FILE_ENV: str(beat),
+            lifeline.SUPERVISOR_PID_ENV: str(os.getpid()),
+        }
         proc = subprocess.Popen(self.command(), env=env)
         self._children[slot] = _Child(slot, proc, beat, restarts=restarts)
         log.info("worker %d started (pid %d)", slot, proc.pid)

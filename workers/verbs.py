@@ -270,7 +270,7 @@ def campaign_status(
     ops: Operator, campaign_id: str, *, cursor: int = 0, page_size: int = 100
 ) -> dict[str, Any]:
     """``campaign status --json``; CampaignNotFoundError when there is no such campaign."""
-    from .campaigns import campaign_status as status
+    from .campaigns.status import campaign_status as status
 
     return status(campaign_id, cursor=cursor, page_size=page_size, ledger=ops.ledger)
 
@@ -330,7 +330,7 @@ def submit_campaign_file(
     planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
     """Freeze and fan out a campaign given as ``POST /v1/campaigns`` takes it."""
-    from .campaigns import submit_campaign
+    from .campaigns.submit import submit_campaign
 
     return submit_campaign(
         spec.campaign_id, spec.tool, spec.recipients, spec.args, action=spec.action,
@@ -342,7 +342,7 @@ def open_campaign_file(path: str) -> CampaignSource:
     """``effectq campaign submit FILE``: the file checked (JSON, its header, 1 to 1,000,000
     recipients) and counted, not loaded. Raises OSError, pydantic's ValidationError,
     MessageError."""
-    from .campaigns import CampaignSource
+    from .campaigns.file import CampaignSource
 
     return CampaignSource.open(path)
 
@@ -353,7 +353,7 @@ def submit_campaign_source(
     planning: Callable[[int], None] | None = None,
 ) -> CampaignReport:
     """Freeze and fan out a campaign file, streamed (``effectq campaign submit FILE``)."""
-    from .campaigns import submit_campaign
+    from .campaigns.submit import submit_campaign
 
     spec = source.header
     return submit_campaign(

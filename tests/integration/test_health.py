@@ -26,7 +26,7 @@ from tests.support.stack import wait_for
 from workers.cli import reconciler_liveness
 from workers.dev.local import LocalStack
 from workers.dev.ports import free_port
-from workers.heartbeat import Heartbeat
+from workers.lifeline import Heartbeat
 from workers.metrics import ReconcilerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]

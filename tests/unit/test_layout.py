@@ -22,6 +22,13 @@ def test_no_floor_imports_a_floor_above_it_nor_the_local_harness() -> None:
     assert layout.violations(layout.graph()) == []
 
 
+def test_workers_keeps_at_most_16_top_level_modules() -> None:
+    # A new concern gets a package of its own (broker/, campaigns/, ...), not another room
+    # beside the worker path's.
+    top = sorted(path.name for path in (layout.ROOT / "workers").glob("*.py"))
+    assert len(top) <= 16, top
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import_when_there_is_one() -> None:
     edges = {"workers.tool": {"workers.runtime"}, "workers.runtime": {"workers.tool"}}
     assert layout.cycles(edges) == [["workers.runtime", "workers.tool"]]
