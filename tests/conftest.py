@@ -164,6 +164,10 @@ def pytest_runtest_makereport(
     return report
 
 
+# This process's session stack, once a test asked for it (the guard below reads it).
+_SESSION_STACKS: list[LocalStack] = []
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """One durable Redis (ledger db 0, broker db 1) and one sandbox for the session; this
@@ -172,7 +176,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         local.apply_env()
         import workers.examples  # noqa: F401  (declares the tools against this broker)
 
+        _SESSION_STACKS.append(local)
         yield local
+        _SESSION_STACKS.remove(local)
+
+
+@pytest.fixture(autouse=True)
+def _the_session_stack_outlives_each_test() -> Iterator[None]:
+    """A test that leaves the session stack's redis-server dead fails itself, by name —
+    not the dozens of tests this process runs after it (each refused a connection). The
+    server is started again on its port and AOF, so they still run."""
+    yield
+    for local in _SESSION_STACKS:
+        if local.redis is not None and not local.redis.running:
+            code = local.redis._proc.returncode if local.redis._proc else None
+            local.redis.start()
+            pytest.fail(f"the session stack's redis-server died during this test (exit {code})")
 
 
 @pytest.fixture
