@@ -35,6 +35,7 @@ import redis
 
 from dedupe import idempotency_key
 from tests.chaos.checker import ACCEPTED, ENDS, Event, Final, Verdict, check
+from workers import runtime
 from workers.dev.local import LocalStack
 from workers.dev.redis_server import RedisServer, default_redis_binary
 from workers.dev.sandbox import SandboxConfig
@@ -103,6 +104,11 @@ class Deployment:
         self.broker_server.start()
         self.ledger_server.start()
         self.stack.start()
+        # This process becomes the deployment's producer; stop() gives the process its own
+        # environment and runtime back (a pytest process runs other tests after this one:
+        # left pointing at these servers, stopped, every later test found them refused).
+        self._saved_env = {k: v for k, v in os.environ.items() if k.startswith("EFFECTQ_")}
+        self._saved_runtime = runtime.installed()
         self.stack.apply_env()
         import workers.examples  # noqa: F401  (declares the tools against this broker)
 
@@ -111,6 +117,13 @@ class Deployment:
             self.stack.stop()
         self.broker_server.stop()
         self.ledger_server.stop()
+        saved = getattr(self, "_saved_env", None)
+        if saved is not None:
+            for name in [k for k in os.environ if k.startswith("EFFECTQ_")]:
+                del os.environ[name]
+            os.environ.update(saved)
+            previous = self._saved_runtime
+            runtime.install(previous if previous is not None else runtime.Runtime.from_settings())
 
     # -- operator verbs, through the real CLI ----------------------------------------------
 
@@ -167,8 +180,6 @@ class Deployment:
     # -- reads ----------------------------------------------------------------------------
 
     def ledger(self) -> Any:
-        from workers import runtime
-
         return runtime.ledger()
 
     def held_messages(self) -> Counter[str]:
