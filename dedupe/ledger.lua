@@ -506,13 +506,12 @@ end
 -- force = '1' (a campaign re-submission) enqueues despite a pending marker: that message
 -- may have been lost, and a second message for one effect is harmless (the claim decides).
 -- Reads the record, writes only the pending marker and counters: not a state transition.
--- Every answer is {status, state, token, receipt or '', generation, now, message id}: the
--- message id is the confirmed marker's when that marker is why the answer is pending ('' else);
--- the generation a
--- message enqueued now is submitted for (the claim compares it): the record's, or g+1 on
--- REVOKED / SUPERSEDED (a submission after a revoke opens the next generation), 0 if none;
--- and the server's time, which the message carries so that its age is judged on this
--- clock (claim's submitted_ms), not on the producer's.
+-- Every answer is {status, state, token, receipt or '', generation, now, message id}:
+-- the generation a message enqueued now is submitted for (the claim compares it): the
+-- record's, or g+1 on REVOKED / SUPERSEDED (a submission after a revoke opens the next
+-- generation), 0 if none; the server's time, which the message carries so that its age is
+-- judged on this clock (claim's submitted_ms), not on the producer's; and the confirmed
+-- marker's message id when that marker is why the answer is pending ('' otherwise).
 --   DONE, same fingerprint                        => done(receipt)
 --   fingerprint differs (and the key is held)     => conflict
 --   CLAIMED with a live lease, RECONCILING        => pending (a worker has it)
