@@ -134,12 +134,14 @@ class Checks(Connection):
         try:
             with self.guard():
                 if isinstance(self.client, redis.RedisCluster):
-                    replies = self.client.config_get(
-                        "appendfsync", target_nodes=redis.RedisCluster.PRIMARIES
-                    )
-                    values = [str(r) for r in replies.values()] if isinstance(replies, dict) else []
+                    # Each master by itself, as check_durability reads them.
+                    replies = [
+                        self.client.config_get("appendfsync", target_nodes=node)
+                        for node in self.client.get_primaries()  # type: ignore[no-untyped-call]
+                    ]
                 else:
-                    values = [str(self.client.config_get("appendfsync").get("appendfsync"))]
+                    replies = [self.client.config_get("appendfsync")]
+                values = [str(reply.get("appendfsync")) for reply in replies]
         except LedgerError:
             return None
         known = [v for v in values if v in order]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,15 @@ def test_the_refusal_is_lifted_by_always_wait_or_the_operators_word(
         check_lost_writes(Settings(redis_url=redis_server.url, **allowed), ledger, [spec])  # type: ignore[arg-type]
     keyed = type(spec)(name="keyed", identity=("recipient",), provider_idempotency=True)
     check_lost_writes(Settings(redis_url=redis_server.url), ledger, [keyed])
+
+
+def test_a_cluster_is_judged_by_its_weakest_master(tmp_path: Path) -> None:
+    from dedupe import Ledger
+    from tests.support.cluster import local_cluster
+    from workers.dev.redis_server import default_redis_binary
+
+    with local_cluster(default_redis_binary(), tmp_path) as cluster:
+        ledger = Ledger.from_url(cluster.seeds(), namespace="lw")
+        assert ledger.fsync_policy() == "always"
+        cluster.masters()[1].client().config_set("appendfsync", "everysec")
+        assert ledger.fsync_policy() == "everysec"
