@@ -52,16 +52,16 @@ class Reads(Connection):
         """Keys that hold a pending marker and no record a worker holds (none, FAILED,
         REVOKED, SUPERSEDED): the effects only a broker message stands for, which no other
         list shows. A SCAN of the keyspace: an operator's view, not a hot path."""
-        found: dict[str, tuple[str, str]] = {}
+        found: dict[str, None] = {}  # SCAN may return a key twice
         with self.guard():
             for name in self.client.scan_iter(match=self.keyspace.markers, count=1000):
-                found[str(name).rsplit(":", 1)[1]] = ("", str(name))
+                found[str(name).rsplit(":", 1)[1]] = None
                 if len(found) >= 20 * limit:
                     break
             pipe = self.client.pipeline(transaction=False)
-            for _key, marker_key in found.values():
-                pipe.get(marker_key)
-                pipe.pttl(marker_key)
+            for key in found:
+                pipe.get(self._pending_key(key))
+                pipe.pttl(self._pending_key(key))
             replies = pipe.execute() if found else []
         records = self.get_many(found)
         out: list[PendingMarker] = []
