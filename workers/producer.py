@@ -172,15 +172,6 @@ def _forgotten(target: EffectTool, message_id: str) -> bool:
     return not broker.holds(target.actor.queue_name, message_id)
 
 
-def pending_ttl_s(target: EffectTool) -> float:
-    """How long a confirmed marker answers "pending": ``pending_ttl_s`` where the broker
-    can be asked whether it still holds the message, else the short unverifiable TTL."""
-    cfg = target.runtime.settings
-    if isinstance(target.actor.broker, EffectqRedisBroker):
-        return cfg.pending_ttl_s
-    return min(cfg.pending_ttl_s, cfg.unverifiable_pending_ttl_s)
-
-
 def submit(tool: str | EffectTool, *, scope: str, action: str | None = None, **args: Any) -> Handle:
     """Submit one call of ``tool`` for ``scope`` through the runtime ``tool`` is bound to
     (the current one if it is not bound yet). Bad arguments raise an IdentityError."""
@@ -229,7 +220,7 @@ def _submit(target: EffectTool, effect: Effect) -> Handle:
         except BaseException:
             ledger.clear_pending(effect.key)
             raise
-        confirm_pending(ledger, [(effect, message.message_id)], pending_ttl_s(target))
+        confirm_pending(ledger, [(effect, message.message_id)], target.marker_ttl_s)
         return Handle(
             target.name, effect.key, Status.ENQUEUED, message_id=message.message_id, runtime=rt
         )

@@ -286,6 +286,17 @@ class EffectTool:
         return self.spec.name
 
     @property
+    def marker_ttl_s(self) -> float:
+        """How long a confirmed pending marker of this tool's messages answers "pending":
+        ``pending_ttl_s`` where the broker can be asked whether it still holds the message
+        (Redis: the producer asks), else the short ``unverifiable_pending_ttl_s``, which a
+        worker retrying the message renews (``_renew_marker``)."""
+        cfg = self.runtime.settings
+        if isinstance(self.runtime.broker, EffectqRedisBroker):
+            return cfg.pending_ttl_s
+        return min(cfg.pending_ttl_s, cfg.unverifiable_pending_ttl_s)
+
+    @property
     def queue_name(self) -> str | None:
         """Its actor's queue once bound, else None (reading it binds nothing)."""
         return self._actor.queue_name if self._actor is not None else None
@@ -455,10 +466,7 @@ class EffectTool:
         if isinstance(rt.broker, EffectqRedisBroker):
             return  # the producer asks the broker itself
         try:
-            rt.ledger().confirm_pending(
-                [(effect, message_id)],
-                min(rt.settings.pending_ttl_s, rt.settings.unverifiable_pending_ttl_s),
-            )
+            rt.ledger().confirm_pending([(effect, message_id)], self.marker_ttl_s)
         except EffectqError as exc:
             log.debug("pending marker of %s not renewed: %s", effect.key[:12], exc)
 

@@ -16,7 +16,7 @@ from dedupe.ledger import Confirming
 
 from .. import tracing
 from ..broker.fanout import Sending, send_many
-from ..producer import finish_confirm, pending_ttl_s, start_confirm
+from ..producer import finish_confirm, start_confirm
 from ..tool import SUBMITTED_MS, EffectTool, Envelope
 from .plan import CampaignReport
 
@@ -40,7 +40,7 @@ def fan_out(
     ledger = tool.runtime.ledger()
     cfg = tool.runtime.settings
     actor = tool.actor
-    marker_ttl_s = pending_ttl_s(tool)
+    marker_ttl_s = tool.marker_ttl_s
     tag = campaign_tag(plan.campaign_id)
     skipped: Counter[str] = Counter()
     # Every message continues the fan-out's trace (workers.tracing; none when it is off).
