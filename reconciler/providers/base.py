@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, overload
 
 from dedupe.spec import Found, LookupContext, LookupResult, NotFound, Unavailable
 
@@ -48,6 +48,7 @@ __all__ = [
     "judge",
     "provider_key",
     "scan",
+    "setting",
 ]
 
 T = TypeVar("T")
@@ -91,6 +92,16 @@ def provider_key(
     if max_len < 32:
         raise ValueError(f"a provider key of {max_len} characters cannot hold 128 bits")
     return (prefix + idempotency_key)[:max_len]
+
+
+@overload
+def setting(value: str | Callable[[], str]) -> str: ...
+@overload
+def setting(value: str | Callable[[], str] | None) -> str | None: ...
+def setting(value: str | Callable[[], str] | None) -> str | None:
+    """A credential or address an adapter was given as a value or as a callable read when
+    its client is first built (a secret rotated, a fake's port known late)."""
+    return value() if callable(value) else value
 
 
 def evidence(effect: LookupContext) -> list[str]:

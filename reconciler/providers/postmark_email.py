@@ -43,6 +43,7 @@ from .base import (
     evidence,
     judge,
     scan,
+    setting,
 )
 
 __all__ = ["PostmarkEmail"]
@@ -81,8 +82,8 @@ class PostmarkEmail:
         if self._client is None:
             from postmarker.core import PostmarkClient
 
-            token = self._token() if callable(self._token) else self._token
-            base = self._api_base() if callable(self._api_base) else self._api_base
+            token = setting(self._token)
+            base = setting(self._api_base)
             options: dict[str, Any] = {"timeout": self.timeout_s}
             if base:
                 options["root_api_url"] = base

@@ -44,6 +44,7 @@ from .base import (
     judge,
     provider_key,
     scan,
+    setting,
 )
 
 if TYPE_CHECKING:
@@ -87,8 +88,8 @@ class StripePaymentIntents:
         if self._client is None:
             import stripe
 
-            key = self._api_key() if callable(self._api_key) else self._api_key
-            base = self._api_base() if callable(self._api_base) else self._api_base
+            key = setting(self._api_key)
+            base = setting(self._api_base)
             # No SDK retries: a retried POST after a lost response is effectq's decision
             # (the reconciler asks), not the transport's.
             self._client = stripe.StripeClient(

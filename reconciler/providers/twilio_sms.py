@@ -42,6 +42,7 @@ from .base import (
     evidence,
     judge,
     scan,
+    setting,
 )
 
 __all__ = ["TwilioSms"]
@@ -80,10 +81,10 @@ class TwilioSms:
         if self._client is None:
             from twilio.rest import Client
 
-            sid = self._sid() if callable(self._sid) else self._sid
-            token = self._token() if callable(self._token) else self._token
+            sid = setting(self._sid)
+            token = setting(self._token)
             self._client = Client(sid, token)
-            base = self._api_base() if callable(self._api_base) else self._api_base
+            base = setting(self._api_base)
             if base:
                 self._client.api.base_url = base
         return self._client
