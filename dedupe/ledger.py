@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 DEFAULT_BUCKETS = 256
+# A namespace prefixes every key the ledger writes: bounded (it may come from a command line).
+MAX_NAMESPACE = 64
 
 
 class Ledger(Transitions, Reads, Checks):
@@ -98,10 +100,11 @@ class Ledger(Transitions, Reads, Checks):
             raise LedgerConfigError("wait_timeout_ms must be at least 1 with wait_replicas")
         # Glob characters too: the layout check finds the namespace's keys by a SCAN
         # pattern, and `shop*` would pass for `shop` (and run its effects again).
-        if not namespace or any(c in namespace for c in "{}: \t\n*?[]\\"):
+        bad = any(c in namespace for c in "{}: \t\n*?[]\\")
+        if not 1 <= len(namespace) <= MAX_NAMESPACE or bad:
             raise LedgerConfigError(
-                "namespace must be non-empty, without braces, colons, spaces or glob "
-                "characters (* ? [ ] \\)"
+                f"namespace must be 1 to {MAX_NAMESPACE} characters, without braces, colons, "
+                "spaces or glob characters (* ? [ ] \\)"
             )
         super().__init__(
             client,

@@ -469,6 +469,12 @@ def test_ledger_is_unavailable_not_permissive_when_redis_is_gone(
 def test_namespace_is_validated() -> None:
     with pytest.raises(ValueError, match="namespace"):
         Ledger(redis.Redis(), namespace="a{b}", allow_volatile=True)
+    # It prefixes every key: bounded, and refused without echoing it (ledger adopt takes it
+    # from a command line).
+    with pytest.raises(ValueError, match="namespace must be 1 to 64") as refused:
+        Ledger(redis.Redis(), namespace="n" * 65, allow_volatile=True)
+    assert "nnnn" not in str(refused.value)
+    Ledger(redis.Redis(decode_responses=True), namespace="n" * 64, allow_volatile=True)
 
 
 # -- generations: only a submission made after a revoke opens n+1 (issue 15, item 1) ------
