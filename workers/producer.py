@@ -31,7 +31,8 @@ from dedupe.ledger import Confirming
 from . import tracing
 from .broker.redis import EffectqRedisBroker
 from .runtime import Runtime, current
-from .tool import SUBMITTED_MS, EffectTool, Envelope, get_tool
+from .tool import EffectTool, get_tool
+from .tool.envelope import SUBMITTED_MS, Envelope
 
 __all__ = [
     "Handle",

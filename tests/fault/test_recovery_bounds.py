@@ -23,7 +23,7 @@ from workers.producer import submit
 LOOKUP_S = 2.0
 INTERVAL_S = 1.0
 LEASE_S = 8.0  # the dying worker's lease: the second pool's message meets it live
-# The worker's poll period of a claim that is the reconciler's (workers/tool.py,
+# The worker's poll period of a claim that is the reconciler's (workers/tool/retry.py,
 # _RECONCILER_POLL_MS).
 POLL_S = 6.0
 SLACK_S = 1.5  # process scheduling, the broker's delay queue, the claim's own round trip

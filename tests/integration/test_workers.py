@@ -37,7 +37,8 @@ from workers.dev.local import LocalStack
 from workers.dev.ports import free_port
 from workers.dev.redis_server import RedisServer, default_redis_binary
 from workers.settings import Settings
-from workers.tool import SUBMITTED_MS, _retry_when, retry_delay_ms
+from workers.tool.envelope import SUBMITTED_MS
+from workers.tool.retry import retry_delay_ms, retry_when
 
 
 def _calls(n: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -280,15 +281,15 @@ def test_a_ledger_that_cannot_be_built_at_first_use_leaves_the_message_alive(
                 tool._perform(_envelope("order-first-use"))
             assert caught.value.reason.startswith("ledger unavailable"), url
             # Retried for as long as it takes, never dead-lettered for it.
-            assert _retry_when(20)(10_000, caught.value)
+            assert retry_when(20)(10_000, caught.value)
     assert live.stats()["total"] == 0
 
 
 def test_a_ledger_error_never_runs_out_of_retries() -> None:
-    retry_when = _retry_when(max_retries=20)
-    assert retry_when(10_000, LedgerUnavailableError("down"))
-    assert retry_when(10_000, LedgerError("ledger script error: OOM command not allowed"))
-    assert not retry_when(10_000, RuntimeError("a bug"))
+    when = retry_when(max_retries=20)
+    assert when(10_000, LedgerUnavailableError("down"))
+    assert when(10_000, LedgerError("ledger script error: OOM command not allowed"))
+    assert not when(10_000, RuntimeError("a bug"))
 
 
 class _Watched:

@@ -17,7 +17,8 @@ from dedupe.ledger import Confirming
 from .. import tracing
 from ..broker.fanout import Sending, send_many
 from ..producer import finish_confirm, start_confirm
-from ..tool import SUBMITTED_MS, EffectTool, Envelope
+from ..tool import EffectTool
+from ..tool.envelope import SUBMITTED_MS, Envelope
 from .plan import CampaignReport
 
 __all__ = ["fan_out"]

@@ -18,6 +18,9 @@ on middleware to stop an execution):
 Only bad input is dead-lettered. A ledger that cannot answer — down, refusing writes (OOM,
 MISCONF…), not even constructible in this process — leaves the message alive (RetryLater)
 and executes nothing.
+
+Beside it: ``envelope`` (what a message carries), ``call`` (what a body is given and may
+answer), ``retry`` (how a message is left alive, and for how long).
 """
 
 from __future__ import annotations
@@ -28,24 +31,13 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, cast
+from typing import Any, cast
 
 import dramatiq
 from dramatiq.middleware import CurrentMessage
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    JsonValue,
-    SerializerFunctionWrapHandler,
-    StringConstraints,
-    ValidationError,
-    model_serializer,
-)
+from pydantic import ValidationError
 
 from dedupe import (
-    Claim,
     ClaimOutcome,
     ConflictError,
     Effect,
@@ -58,19 +50,19 @@ from dedupe import (
     RecordTooLargeError,
     RejectedError,
     StaleMessageError,
-    State,
     ToolSpec,
     derive,
 )
 from dedupe.failpoints import failpoint
-from dedupe.identity import EFFECT_KEY
 from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 
-from . import logs, metrics, registry, tracing
-from .broker.redis import EffectqRedisBroker
-from .leases import Held, LeaseKeeper
-from .runtime import Runtime, after_install, current, installed
-from .settings import Settings
+from .. import logs, metrics, registry, tracing
+from ..broker.redis import EffectqRedisBroker
+from ..leases import Held, LeaseKeeper
+from ..runtime import Runtime, after_install, current, installed
+from .call import EffectCall, ToolResult
+from .envelope import Envelope, submitted_ms
+from .retry import RetryLater, retry_delay_ms, retry_when
 
 __all__ = [
     "EffectCall",
@@ -84,130 +76,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _HOST = socket.gethostname()
-# The message option carrying the ledger's time (ms) when the message was submitted: its
-# age against the provider's window is judged on the ledger's clock, never a producer's.
-# An option, not an envelope field: a worker of the previous release (envelope
-# extra="forbid") ignores it during a rolling upgrade.
-SUBMITTED_MS = "effectq_submitted_ms"
-
-
-class Envelope(BaseModel):
-    """The one positional argument of every effect message."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    v: Literal[1]
-    key: Annotated[str, StringConstraints(pattern=f"^{EFFECT_KEY.pattern}$")]
-    scope: Annotated[str, StringConstraints(min_length=1, max_length=256)]
-    action: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    args: dict[str, JsonValue]
-    campaign: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
-    # The generation the message was submitted for (the ledger's submit answer): after a
-    # revoke, only a message submitted later opens the next generation.
-    g: Annotated[int, Field(ge=0)] = 0
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Leave the optional fields out at their defaults: a worker of the previous release
-        # (extra="forbid", no `g`) still accepts every message but a post-revoke submission
-        # during a rolling upgrade.
-        data: dict[str, Any] = handler(self)
-        if data.get("g") == 0:
-            del data["g"]
-        if data.get("campaign") is None:
-            data.pop("campaign", None)
-        return data
-
-    @classmethod
-    def of(cls, effect: Effect, campaign: str | None = None, generation: int = 0) -> Envelope:
-        return cls(
-            v=1, key=effect.key, scope=effect.scope, action=effect.action,
-            args=dict(effect.args), campaign=campaign, g=generation,
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class EffectCall:
-    """What a tool body gets besides its arguments: pass ``idempotency_key`` to the provider
-    as its idempotency key and ``token`` as a fencing token where the provider takes one."""
-
-    tool: str
-    key: str
-    idempotency_key: str
-    token: int
-    scope: str
-    action: str
-    generation: int
-    message_id: str
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """A tool's answer: the receipt to store, and the provider's raw response as received."""
-
-    receipt: Mapping[str, Any]
-    raw: str | None = None
-
-
-class RetryLater(dramatiq.Retry, EffectqError):
-    """Control flow: leave the message alive and deliver it again later (not an error of
-    the message). ``delay_ms``: when to deliver it again (None: Dramatiq's exponential
-    backoff)."""
-
-    def __init__(
-        self,
-        reason: str,
-        *,
-        give_up: bool = False,
-        key: str | None = None,
-        delay_ms: int | None = None,
-    ) -> None:
-        dramatiq.Retry.__init__(self, reason, delay=delay_ms)
-        self.message = reason
-        self.details = {"key": key} if key is not None else {}
-        self.reason = reason
-        self.give_up = give_up
-        self.delay_ms = delay_ms
-
-
-def _retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
-    def retry_when(retries: int, exc: BaseException) -> bool:
-        if isinstance(exc, RetryLater):
-            return not exc.give_up
-        if isinstance(exc, LedgerError):
-            # A ledger that could not answer says nothing about the message: never a dead
-            # letter.
-            return True
-        return retries < max_retries
-
-    return retry_when
-
-
-# Past a lease deadline, a retry comes this long after it (the reconciler's turn).
-_LEASE_MARGIN_MS = 500
-# The reconciler's turn is polled at this period at most: it decides an expired claim
-# within a pass interval and a lookup (reconciler defaults: 1 s interval, 5 s lookup
-# timeout), whatever its takeover lease (30 s) or the claim's overdue time says.
-_RECONCILER_POLL_MS = 6_000
-
-
-def retry_delay_ms(claim: Claim, cfg: Settings) -> int | None:
-    """When to look again at an effect someone else holds (in_flight / blocked): just after
-    its lease deadline while a worker's lease runs; once it has expired, or while the
-    reconciler holds it (RECONCILING: its lease is a takeover's, not a decision time), after
-    as long again as it has been overdue, at most ``_RECONCILER_POLL_MS`` — so a key the
-    reconciler frees runs within one poll period, while a claim no reconciler takes is not
-    polled every second. No deadline (UNKNOWN: an operator's turn): None, Dramatiq's
-    exponential backoff. Bounded by the retry settings."""
-    if claim.remaining_ms is None:
-        return None
-    if claim.remaining_ms > 0:
-        delay = claim.remaining_ms + _LEASE_MARGIN_MS
-        if claim.state is State.RECONCILING:
-            delay = min(delay, _RECONCILER_POLL_MS)
-    else:
-        delay = min(max(-claim.remaining_ms, cfg.retry_min_backoff_ms), _RECONCILER_POLL_MS)
-    return min(delay, cfg.retry_max_backoff_ms)
 
 
 ToolFn = Callable[..., Mapping[str, Any] | ToolResult]
@@ -242,7 +110,7 @@ class EffectTool:
         elsewhere): its messages are then sent and consumed through that runtime."""
         cfg = rt.settings
         options = {
-            "retry_when": _retry_when(cfg.max_retries),
+            "retry_when": retry_when(cfg.max_retries),
             "min_backoff": cfg.retry_min_backoff_ms,
             "max_backoff": cfg.retry_max_backoff_ms,
             # Its redelivered message is a duplicate to the claim: its ack may join a batch.
@@ -364,7 +232,7 @@ class EffectTool:
         retries = int(message.options.get("retries", 0)) if message else 0
         effect, campaign, generation = self._effect_of(args, kwargs)
         logs.annotate(key=effect.key)
-        submitted_ms = _submitted_ms(message, effect.key)
+        submitted = submitted_ms(message, effect.key)
         rt = self.runtime
         ledger = _ledger(rt, effect.key)
         holder = f"{_HOST}:{os.getpid()}/{message_id}"
@@ -373,7 +241,7 @@ class EffectTool:
             with tracing.span("claim", tool=self.name, key=effect.key) as span:
                 claim = ledger.claim(
                     effect, lease_s=self.spec.lease_s, holder=holder, campaign=campaign,
-                    generation=generation, submitted_ms=submitted_ms,
+                    generation=generation, submitted_ms=submitted,
                     window_s=self.spec.provider_window_s,
                 )  # fmt: skip
                 tracing.note(span, "effectq.claim.outcome", claim.outcome.value)
@@ -543,20 +411,6 @@ class EffectTool:
                 f"commit fenced: claim taken over (now {write.state})",
                 key=call.key,
             )
-
-
-def _submitted_ms(message: dramatiq.Message[Any] | None, key: str) -> int:
-    """The ledger's time at the message's submission (``SUBMITTED_MS``). A message of the
-    previous release has none: its producer's ``message_timestamp`` stands in, as it did
-    then (one release; UPGRADING). A direct call (no message): 0, not judged."""
-    if message is None:
-        return 0
-    stamp = message.options.get(SUBMITTED_MS)
-    if stamp is None:
-        return int(message.message_timestamp)
-    if type(stamp) is not int or stamp <= 0:
-        raise MessageError(f"invalid {SUBMITTED_MS} option: not a positive integer", key=key)
-    return stamp
 
 
 def _ledger(rt: Runtime, key: str) -> Ledger:
