@@ -56,7 +56,7 @@ def test_dashboard_configmap_carries_the_validated_json(variants: dict[str, Rend
 def test_a_packaged_chart_carries_the_rules_and_the_dashboard_not_a_link(
     helm: ModuleType, tmp_path: Path
 ) -> None:
-    # files/ holds a symlink into deploy/; `helm package` must store its contents.
+    # files/ holds the dashboard itself (deploy/grafana/effectq.json links to it).
     archive = helm.package(CHART, destination=tmp_path)
     with helm.Chart.load_archive(Path(archive).read_bytes()) as packaged:
         files, _ = helm_template(

@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from .build import BuildInfo
 from .collector import LedgerCollector
 
 if TYPE_CHECKING:
@@ -68,14 +69,15 @@ def exposition(
     queues: Sequence[str] = (),
 ) -> Collector:
     """What an endpoint serves: the process-local metrics (the sum over a multiprocess
-    directory, else this process's registry) and the scrape-time ledger and broker series."""
+    directory, else this process's registry), the build's version and the scrape-time ledger
+    and broker series."""
     path = multiprocess_dir if multiprocess_dir is not None else os.environ.get(ENV_DIR)
     local: Collector = (
         MultiProcessCollector(None, path=path)  # type: ignore[no-untyped-call]
         if path
         else REGISTRY
     )
-    return _Union(local, LedgerCollector(ledger, broker_url=broker_url, queues=queues))
+    return _Union(local, BuildInfo(), LedgerCollector(ledger, broker_url=broker_url, queues=queues))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "effectq.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "effectq.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "effectq.version" . | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: effectq
 {{- end -}}
@@ -74,6 +74,14 @@ Returns JSON (read it back with fromJsonArray).
 
 {{- define "effectq.workerName" -}}
 {{- printf "%s-worker-%s" (include "effectq.fullname" .root) .pool.name -}}
+{{- end -}}
+
+{{/*
+The version that runs: the image's tag (the chart's appVersion unless image.tag is set),
+as a label value ("+" of a local version is not allowed there).
+*/}}
+{{- define "effectq.version" -}}
+{{- .Values.image.tag | default .Chart.AppVersion | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "effectq.image" -}}
