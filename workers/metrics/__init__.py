@@ -56,6 +56,7 @@ __all__ = [
 #: Every label an effectq metric may carry ("le": histogram buckets).
 LABELS = frozenset(
     {"tool", "outcome", "stage", "op", "resolution", "queue", "state", "reason", "le"}
+    | {"version"}  # effectq_build_info (metrics.build): one value per installation
 )
 #: Why a message was dead-lettered: the closed set of ``effectq_dead_letters_total``'s
 #: ``reason`` label (the full reason is in the ledger's dead-letter stream).
