@@ -15,6 +15,7 @@ tarball between local runs (CI builds it fresh)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -55,6 +56,21 @@ def podman(*args: str, timeout: float = 60, check: bool = True) -> str:
     return done.stdout
 
 
+# The base, pinned by its content (docs/release.md): bookworm from deb.debian.org, made
+# reproducible by a fixed SOURCE_DATE_EPOCH, so the same suite gives the same tarball.
+BASE_SUITE = ("bookworm", "http://deb.debian.org/debian")
+BASE_EPOCH = "1735689600"
+BASE_SHA256 = "25b819cb4c8131bd0b56a6c4384b6fbac3eb5ed2ec1c875e64ab139e14edef9a"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _base_tarball(tmp: Path) -> Path:
     cached = os.environ.get("EFFECTQ_TEST_BASE_TARBALL")
     path = Path(cached) if cached else tmp / "rootfs.tar"
@@ -64,12 +80,29 @@ def _base_tarball(tmp: Path) -> Path:
         subprocess.run(
             [
                 need_binary("mmdebstrap", "apt-get install mmdebstrap"),
-                "--variant=apt", "--include=python3,python3-venv", "bookworm", str(partial),
+                "--variant=apt", "--include=python3,python3-venv", BASE_SUITE[0],
+                str(partial), BASE_SUITE[1],
             ],
-            check=True, capture_output=True, timeout=900,
+            check=True, capture_output=True, timeout=900, stdin=subprocess.DEVNULL,
+            env={**os.environ, "SOURCE_DATE_EPOCH": BASE_EPOCH},
         )  # fmt: skip
         partial.rename(path)
+    made = _sha256(path)
+    assert made == BASE_SHA256, (
+        f"the base's content changed (sha256 {made}, pinned {BASE_SHA256}): Debian moved "
+        f"{BASE_SUITE[0]} (a point release) or mmdebstrap changed; review it and record the "
+        "new digest (docs/release.md)"
+    )
     return path
+
+
+def repo_version() -> str:
+    """The version setuptools-scm gives this checkout (the image's VERSION)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "setuptools_scm"], cwd=REPO, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +122,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         podman(
             "build", "--network", "host", "--build-arg", f"BASE={base}", *certs,
+            "--build-arg", f"VERSION={repo_version()}",
             "-t", built, str(REPO), timeout=1200,
         )  # fmt: skip
         size = json.loads(podman("image", "inspect", built))[0]["Size"]
@@ -178,7 +212,8 @@ def test_the_image_runs_as_the_chart_runs_it(image: str, tmp_path: Path) -> None
         "run", "--rm", *LIMITS, "--user", "10001:10001", "--read-only", "--tmpfs", "/tmp",
         image, "--version",
     )  # fmt: skip
-    assert version.startswith("effectq "), version
+    # The version the repository gives (setuptools-scm), handed to the build.
+    assert version == f"effectq {repo_version()}\n", version
     names = {role: f"effectq-test-{role}-{uuid.uuid4().hex[:6]}" for role in ("pool", "rec")}
     pool_port, rec_port = free_port(), free_port()
     with LocalStack(embedded=False, workdir=tmp_path) as stack:
@@ -202,9 +237,11 @@ def test_the_image_runs_as_the_chart_runs_it(image: str, tmp_path: Path) -> None
             assert executions == {key: 1 for key in records}, executions
 
             # Both metrics endpoints answer (the pool's from its tmpfs multiprocess dir).
+            build_info = f'effectq_build_info{{version="{repo_version()}"}} 1.0'
             for port, series in ((pool_port, "effectq_claims_total"), (rec_port, "effectq_")):
                 body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
                 assert series in body, (port, body[:500])
+                assert build_info in body, (port, build_info)
 
             # SIGTERM with calls in flight: the pool finishes them, then exits 0.
             stack.sandbox.configure(latency_ms=1500)
