@@ -292,3 +292,12 @@ def test_a_token_seen_only_by_a_lookup_still_fences_after_sigkill(tmp_path: Path
             assert post(client, "late", token=5).status_code == 409
             assert post(client, "late", token=7).status_code == 201
         assert sandbox.stats()["executions"] == {"late": 1}
+
+
+def test_a_sandbox_child_is_pointed_at_the_tree_that_holds_workers() -> None:
+    # PYTHONPATH of the child: the tree its parent imported `workers` from, whatever the
+    # child's cwd (it pointed inside `workers/` once the module had moved a level down).
+    from workers.dev.sandbox import process
+
+    beside = process._SOURCE_ROOT / "workers" / "dev" / "sandbox" / "process.py"
+    assert beside.exists() and beside.samefile(process.__file__)

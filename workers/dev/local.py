@@ -20,12 +20,12 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psutil
 
+from . import Started
 from .redis_server import RedisServer, default_redis_binary, find_redis_binaries
 from .sandbox import SandboxConfig, SandboxProcess
 
@@ -94,7 +94,7 @@ class RabbitVhost:
         return {row["name"]: int(row["messages"]) for row in json.loads(out or "[]")}
 
 
-class LocalStack:
+class LocalStack(Started):
     """Start with ``with LocalStack(...) as stack``; every process is stopped on exit."""
 
     def __init__(
@@ -269,17 +269,6 @@ class LocalStack:
     def log(self, name: str) -> str:
         path = self.workdir / name
         return path.read_text(errors="replace") if path.exists() else ""
-
-    def __enter__(self) -> LocalStack:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def stats(self) -> dict[str, Any]:
         return self.sandbox.stats()

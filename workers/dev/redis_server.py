@@ -17,13 +17,13 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from workers.dev import Started
 from workers.dev.ports import free_port
 
 _READY_TIMEOUT_S = 10.0
@@ -95,7 +95,7 @@ def _kill_leftovers() -> None:
         server.kill()
 
 
-class RedisServer:
+class RedisServer(Started):
     def __init__(
         self,
         binary: str,
@@ -254,14 +254,7 @@ class RedisServer:
         self._signal(signal.SIGCONT)
 
     def __enter__(self) -> RedisServer:
+        # A server already running is entered as it is (stopped on exit all the same).
         if not self.running:
             self.start()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
