@@ -22,10 +22,11 @@
 --   KEYS[6]  campaigns hash:  "<campaign tag>:<STATE>" -> records of one campaign in each
 --                              state (campaign status without a scan; kept apart from
 --                              the stats so a metrics scrape does not grow with campaigns)
---   KEYS[7]  floor    string: the highest token of any record of the bucket saved with a TTL
---                              (settled): a fresh record starts above it, so a key's tokens
---                              keep growing after its record expired (a stale holder's token
---                              never becomes valid again). Never expires.
+--   KEYS[7]  floor    string: at least the highest token of any record of the bucket saved
+--                              with a TTL (settled), and the last token given to a fresh record:
+--                              a fresh record's token is its INCR, so a key's tokens keep growing
+--                              after its record expired (a stale holder's token never becomes
+--                              valid again). Never expires.
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields, as the script holds them in a Lua table (short names, DESIGN §2):
@@ -269,7 +270,7 @@ end
 -- envelope): only a submission or replay made after a revoke may open the next generation.
 --   any state, generation < g: a message of a voided generation never runs and never
 --              rewrites the record, whatever the state (DESIGN §2)  => duplicate('')
---   none                                   -> CLAIMED, token floor+1  => acquired
+--   none                                   -> CLAIMED, token INCR floor => acquired
 --   FAILED (generation >= g): known not executed, so this generation's key is free for
 --              any values; fingerprint and request become this message's
 --                                          -> CLAIMED, token+1        => acquired
@@ -304,7 +305,9 @@ OPS.claim = function()
     if too_old then return too_old end
     -- A record that expired took its generation along: the message's (submit's answer)
     -- keeps the provider's idempotency key the one its generation was submitted under.
-    local token = floor() + 1
+    -- The floor's INCR is the token, and the floor already covers it when the record is
+    -- saved with a TTL (its commit reads the floor and writes nothing to it).
+    local token = redis.call('INCR', K[7])
     rec = {s = false, t = 0, f = fp, g = generation, tool = tool, n = 0, c = now,
     cp = campaign, ln = 0, lb = '', yn = 0, yb = ''}
     move('CLAIMED', token, 'claim', deadline)

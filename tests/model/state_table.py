@@ -6,8 +6,9 @@ only uses leases that are either long (live for the whole example) or tiny and w
 on the server's clock, so a lease is simply ``live`` or not.
 
 Settled records (DONE, FAILED, REVOKED, SUPERSEDED) carry a TTL; when one expires the key
-is absent again, and the next fresh record's first token is its bucket's floor + 1, the
-floor being raised to a record's token whenever a record is saved with a TTL.
+is absent again, and the next fresh record's first token is its bucket's floor + 1 (the
+floor's INCR: every fresh record raises it), the floor being raised to a record's token
+whenever a record is saved with a TTL.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ class Model:
         r = self.records[k]
         if r is None:
             # A record that expired took its generation along: the message's stays its own.
-            token = self.floor.get(self.bucket_of[k], 0) + 1
+            # The token is the INCR of the bucket's floor.
+            token = self.floor[self.bucket_of[k]] = self.floor.get(self.bucket_of[k], 0) + 1
             r = Rec(CLAIMED, token, generation, fp, 1)
             self._move(r, CLAIMED, token, "claim", exact=False)
             r.holder, r.lease_live = holder, live
