@@ -35,6 +35,7 @@ __all__ = [
     "await_receipt",
     "campaign_job",
     "campaign_status",
+    "controls",
     "dead_letters",
     "dead_queue",
     "effects",
@@ -47,10 +48,12 @@ __all__ = [
     "operator",
     "page_cursor",
     "parse_since",
+    "pause",
     "reader",
     "recheck",
     "replay",
     "resolve",
+    "resume",
     "revoke",
     "stream_cursor",
     "submit_call",
@@ -510,3 +513,77 @@ def dead_queue(
         "matched": matched, f"{action}d": done, "refused": refused,
         "not_found": sorted((wanted or set()) - seen), "dry_run": dry_run,
     }  # fmt: skip
+
+
+# -- pause and resume, limits (workers.broker.gate) ---------------------------------------
+
+
+def pause(kind: str, name: str, *, actor: str, reason: str) -> dict[str, Any]:
+    """``pause --json``: hold back every message of a tool (``kind`` "tool") or a queue —
+    none claimed, none run, none dead-lettered — until ``resume``; audited."""
+    return _set_paused(kind, name, pause=True, actor=actor, reason=reason)
+
+
+def resume(kind: str, name: str, *, actor: str, reason: str) -> dict[str, Any]:
+    """``resume --json``: let a paused tool's or queue's messages run again; audited."""
+    return _set_paused(kind, name, pause=False, actor=actor, reason=reason)
+
+
+def _set_paused(kind: str, name: str, *, pause: bool, actor: str, reason: str) -> dict[str, Any]:
+    from reconciler.operator import check_words
+
+    from .broker.gate import check_target, set_paused
+    from .runtime import current
+
+    check_target(kind, name)
+    check_words(actor, reason)
+    rt = current()
+    # A typo must not answer "paused" while the tool it meant runs on.
+    if name not in _declared(rt)[kind]:
+        raise OperatorError(f"{'pause' if pause else 'resume'} refused: no {kind} of that name "
+                            "is declared here")  # fmt: skip
+    return set_paused(rt.ledger(), kind, name, pause=pause, actor=actor, reason=reason)
+
+
+def _declared(rt: Runtime) -> dict[str, set[str]]:
+    """The declared tools and their queues (bound to ``rt``: each has its queue)."""
+    from .registry import tools
+    from .tool import EffectTool
+
+    declared = [t for t in tools() if isinstance(t, EffectTool)]
+    queues = {t.actor.queue_name for t in declared} | {rt.settings.queue}
+    return {"tool": {t.name for t in declared}, "queue": queues}
+
+
+def controls() -> dict[str, Any]:
+    """``controls --json``: what is paused (by whom, why, since when) and, per declared
+    tool, its queue, whether it is held back and its declared limits."""
+    from .broker.gate import LIMITS_OPTION, Limits, paused
+    from .registry import tools
+    from .runtime import current
+    from .tool import EffectTool
+
+    rt = current()
+    held = paused(rt.ledger())
+    rows = []
+    for tool in sorted((t for t in tools() if isinstance(t, EffectTool)), key=lambda t: t.name):
+        queue = tool.actor.queue_name
+        limits = tool.actor.options.get(LIMITS_OPTION)
+        rows.append({
+            "tool": tool.name, "queue": queue,
+            "paused": ("tool", tool.name) in held or ("queue", queue) in held,
+            **(limits.as_dict() if isinstance(limits, Limits) else Limits().as_dict()),
+        })  # fmt: skip
+    return {
+        "paused": [
+            {"kind": kind, "name": name, **_note(note)}
+            for (kind, name), note in sorted(held.items())
+        ],
+        "tools": rows,
+    }
+
+
+def _note(note: Mapping[str, Any]) -> dict[str, Any]:
+    at_ms = note.get("at_ms")
+    at = datetime.fromtimestamp(at_ms / 1000, UTC).isoformat() if isinstance(at_ms, int) else None
+    return {"actor": note.get("actor"), "reason": note.get("reason"), "at_ms": at_ms, "at": at}

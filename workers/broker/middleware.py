@@ -9,7 +9,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import dramatiq
 from dramatiq.errors import ActorNotFound
@@ -18,13 +18,16 @@ from dramatiq.middleware import MiddlewareError
 from dedupe import (
     ConflictError,
     EffectqError,
+    Ledger,
     LedgerError,
     MessageError,
     RejectedError,
     StaleMessageError,
 )
 
+from .. import metrics
 from .dead_letters import DeadLetterSink
+from .gate import DEFERRALS, LIMITS_OPTION, Deferred, Gate
 
 __all__ = ["EffectMiddleware", "LedgerRefused", "dead_letter_kind"]
 
@@ -77,11 +80,14 @@ class EffectMiddleware(dramatiq.Middleware):
 
     #: Set on an actor whose redelivered message is a duplicate to its claim (every effect
     #: tool's): a broker may then ack its messages in batches (``broker.redis``).
-    actor_options: ClassVar[set[str]] = {"redelivery_is_duplicate"}
+    #: ``effectq_limits``: a tool's declared rate and concurrency limits (``gate.Limits``).
+    actor_options: ClassVar[set[str]] = {"redelivery_is_duplicate", LIMITS_OPTION}
 
     def __init__(self, *, ledger: Callable[[], object], dead_letter: DeadLetterSink) -> None:
         self.ledger = ledger
         self.dead_letter = dead_letter
+        # Through self.ledger: the runtime re-points it when it adopts this middleware.
+        self.gate = Gate(lambda: cast(Ledger, self.ledger()))
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         # Dramatiq's CLI installed its handlers before importing the broker module.
@@ -98,6 +104,32 @@ class EffectMiddleware(dramatiq.Middleware):
             reason = exc.message if isinstance(exc, EffectqError) else type(exc).__name__
             log.critical("refusing to start: %s", reason)
             raise LedgerRefused(reason) from None
+
+    def before_process_message(
+        self, broker: dramatiq.Broker, message: dramatiq.MessageProxy
+    ) -> None:
+        # A paused or limited message raises Deferred here: no claim, no tool body.
+        self.gate.admit(broker, message)
+
+    def after_process_message(
+        self,
+        broker: dramatiq.Broker,
+        message: dramatiq.MessageProxy,
+        *,
+        result: object = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.gate.release(message)
+        if isinstance(exception, Deferred):
+            # Dramatiq's Retries, which runs after this (after_* hooks run in reverse order
+            # of the middleware list), counts every exception as an attempt; a message held
+            # back made none: give back the retry it is about to count.
+            message.options["retries"] = int(message.options.get("retries", 0)) - 1
+            message.options[DEFERRALS] = int(message.options.get(DEFERRALS, 0)) + 1
+            metrics.deferred(message.actor_name, exception.cause)
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
+        self.gate.release(message)
 
     def after_nack(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
         exc: BaseException | None = getattr(message, "_exception", None)

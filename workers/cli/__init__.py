@@ -10,14 +10,15 @@ Start-up is kept short (``effectq --help``, an operator polling ``inspect``): th
 imports typer and nothing of effectq's; each verb imports what it runs when it runs. Its
 modules: ``_app`` (the application, the error boundary, output), ``params`` (parameter
 types and the wiring every verb shares), ``run`` (the long-running verbs), ``effects`` (one
-effect at a time), ``incidents`` (dead letters, audit, re-check), ``campaigns``, ``agents``
+effect at a time), ``incidents`` (dead letters, audit, re-check), ``controls`` (pause,
+resume, limits), ``campaigns``, ``agents``
 (``effectq mcp``).
 """
 
 # The verbs register themselves on `app` as they are imported, in the order `--help` lists
 # them.
 # isort: off
-from . import run, effects, incidents, campaigns, agents, ledger  # noqa: F401
+from . import run, effects, incidents, controls, campaigns, agents, ledger  # noqa: F401
 
 # isort: on
 from ._app import RECONCILER_METRICS_PORT, app

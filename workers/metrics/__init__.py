@@ -40,8 +40,10 @@ from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "DEAD_LETTER_REASONS",
+    "DEFERRAL_CAUSES",
     "LABELS",
     "LABEL_VALUES",
+    "PAUSE_KINDS",
     "REGISTRY",
     "ReconcilerMetrics",
     "ToolMetrics",
@@ -49,6 +51,7 @@ __all__ = [
     "configure",
     "dead_letter",
     "dead_letter_unrecorded",
+    "deferred",
     "for_tool",
     "ledger_seconds",
 ]
@@ -70,6 +73,13 @@ DEAD_LETTER_REASONS = (
     "undecodable",
     "other",
 )
+#: Why a message was held back before its claim (``workers.broker.gate``): paused (its tool
+#: or queue), over its tool's declared rate or concurrency, or the gate could not read the
+#: ledger (unavailable). ``effectq_deferred_total``'s ``cause``.
+DEFERRAL_CAUSES = ("paused", "rate", "concurrency", "unavailable")
+#: What an operator can pause: ``effectq_paused``'s ``kind`` (its ``name`` is a declared
+#: tool or queue).
+PAUSE_KINDS = ("tool", "queue")
 #: The closed sets of values; "tool" and "queue" are the declared tools and queues.
 LABEL_VALUES: dict[str, frozenset[str]] = {
     "outcome": frozenset(
@@ -81,6 +91,8 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "resolution": frozenset({"found", "not_executed", "deferred", "unknown"}),
     "state": frozenset({"queued", "delayed", "dead"}),
     "reason": frozenset(DEAD_LETTER_REASONS),
+    "cause": frozenset(DEFERRAL_CAUSES),
+    "kind": frozenset(PAUSE_KINDS),
 }
 
 CLAIM_OUTCOMES = (
@@ -144,6 +156,14 @@ DEAD_LETTERS_UNRECORDED = Counter(
     "effectq_dead_letters_unrecorded_total",
     "Messages dead-lettered whose reason could not be written to the ledger (it was down or "
     "refusing writes): the broker's dead-letter queue holds them, the ledger does not.",
+)
+
+DEFERRED = Counter(
+    "effectq_deferred_total",
+    "Messages held back before their claim, by why: paused (the tool or its queue), rate or "
+    "concurrency (over the tool's declared limit), unavailable (the pause state or a limit "
+    "could not be read). Each waits in the delay queue; none is an attempt or a dead letter.",
+    ["tool", "cause"],
 )
 
 LAST_PASS = Gauge(
@@ -227,6 +247,8 @@ def for_tool(name: str, queue: str | None = None) -> ToolMetrics:
                     DEAD_LETTERS.labels(name, reason)
                 for resolution in RESOLUTIONS.values():
                     RESOLVED.labels(name, resolution)
+                for cause in DEFERRAL_CAUSES:
+                    DEFERRED.labels(name, cause)
             else:
                 found = ToolMetrics(
                     claims=dict.fromkeys(CLAIM_OUTCOMES, _NOOP),
@@ -264,6 +286,12 @@ def dead_letter(tool: str, reason: str) -> None:
     """Count one dead-lettered message (``reason``: one of DEAD_LETTER_REASONS)."""
     if _enabled:
         DEAD_LETTERS.labels(tool, reason if reason in DEAD_LETTER_REASONS else "other").inc()
+
+
+def deferred(tool: str, cause: str) -> None:
+    """Count one message held back before its claim (``cause``: one of DEFERRAL_CAUSES)."""
+    if _enabled and cause in DEFERRAL_CAUSES:
+        DEFERRED.labels(tool, cause).inc()
 
 
 def dead_letter_unrecorded() -> None:

@@ -57,6 +57,7 @@ from dedupe.failpoints import failpoint
 from dedupe.spec import DAY, DEFAULT_RETENTION_S, Lookup
 
 from .. import logs, metrics, registry, tracing
+from ..broker.gate import LIMITS_OPTION, Limits
 from ..broker.redis import EffectqRedisBroker
 from ..leases import Held, LeaseKeeper
 from ..runtime import Runtime, after_install, current, installed
@@ -441,11 +442,19 @@ def effect_tool(
     lookup: Lookup | None = None,
     not_executed: tuple[type[BaseException], ...] = (),
     queue_name: str | None = None,
+    rate: str | None = None,
+    concurrency: int | None = None,
     **actor_options: Any,
 ) -> Callable[[ToolFn], EffectTool]:
     """Declare a side-effecting tool. The body is called as ``fn(call, **args)`` with the
     arguments as submitted (NFC, trimmed; normalizers shape only the key, see
-    ``dedupe.normalize``) and returns the receipt (a dict) or a ``ToolResult``."""
+    ``dedupe.normalize``) and returns the receipt (a dict) or a ``ToolResult``.
+
+    ``rate`` ("100/s", "600/m") and ``concurrency`` (1 to 32): the provider's documented
+    limits, held across every process on the ledger (``workers.broker.gate``)."""
+    limits = Limits.declare(rate, concurrency)
+    if limits is not None:
+        actor_options = {**actor_options, LIMITS_OPTION: limits}
 
     def wrap(f: ToolFn) -> EffectTool:
         spec = ToolSpec(

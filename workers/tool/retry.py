@@ -10,6 +10,7 @@ import dramatiq
 
 from dedupe import Claim, EffectqError, LedgerError, State
 
+from ..broker.gate import Deferred
 from ..settings import Settings
 
 __all__ = ["RetryLater", "retry_delay_ms", "retry_when"]
@@ -40,6 +41,8 @@ def retry_when(max_retries: int) -> Callable[[int, BaseException], bool]:
     def retry_when(retries: int, exc: BaseException) -> bool:
         if isinstance(exc, RetryLater):
             return not exc.give_up
+        if isinstance(exc, Deferred):
+            return True  # held back by a pause or a limit (broker.gate): it only waits
         if isinstance(exc, LedgerError):
             # A ledger that could not answer says nothing about the message: never a dead
             # letter.

@@ -1,0 +1,167 @@
+"""The on-call's controls, live (issue 41): real `effectq worker` pools on redis-server, the
+real sandbox provider over HTTP, and the CLI in this process.
+
+A paused tool's (or queue's) messages wait in the delay queue: the provider executes nothing,
+no claim is taken, nothing is dead-lettered and no retry is spent; after resume each runs once.
+A tool's declared rate and concurrency hold across two worker pools, counted at the provider
+and in the tool body."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from tests.support import limited_tools
+from tests.support.stack import broker_client, wait_for, wait_states
+from workers import runtime, submit
+from workers.cli import app
+from workers.dev.local import LocalStack
+
+TOOLS = "tests.support.limited_tools"
+
+
+@pytest.fixture
+def own_runtime() -> Iterator[None]:
+    """The acting verbs install a runtime of their own in this process: put the session's
+    back afterwards."""
+    previous = runtime.current()
+    yield
+    runtime.install(previous)
+
+
+def cli(live: LocalStack, *argv: str) -> Any:
+    result = CliRunner().invoke(app, [*argv, "--json"], env=live.env(EFFECTQ_TOOLS=TOOLS))
+    assert result.exit_code == 0, (argv, result.exit_code, result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def held_back(live: LocalStack, queue: str = "effectq") -> dict[str, dict[str, Any]]:
+    """The delay queue's messages by message id: their options (retries, deferrals)."""
+    bodies = broker_client(live).hvals(f"dramatiq:{queue}.DQ.msgs")
+    messages = [json.loads(body) for body in bodies]
+    return {m["message_id"]: m["options"] for m in messages}
+
+
+def audit(live: LocalStack) -> list[dict[str, str]]:
+    entries = cli(live, "audit", "--limit", "100")["audit"]
+    return [e for e in entries if e["action"] in ("pause", "resume")]
+
+
+def _submit_charges(n: int, prefix: str) -> list[str]:
+    return [submit("charge", scope=f"{prefix}-{i}", customer=f"c{i}", amount="3.00",
+                   currency="eur").key for i in range(n)]  # fmt: skip
+
+
+def _assert_held_then_run(live: LocalStack, keys: list[str]) -> None:
+    # Every message was looked at and held back at least twice: workers are consuming.
+    wait_for(
+        lambda: len(held := held_back(live)) == len(keys)
+        and all(o.get("effectq_deferrals", 0) >= 2 for o in held.values()),
+        timeout=60, what="every message held back twice",
+    )  # fmt: skip
+    held = held_back(live)
+    assert all(o.get("retries", 0) == 0 for o in held.values()), held  # no retry spent
+    assert live.stats()["total"] == 0  # the provider executed nothing
+    ledger = runtime.ledger()
+    assert all(ledger.get(k) is None for k in keys)  # no claim taken
+    assert broker_client(live).hlen("dramatiq:effectq.XQ.msgs") == 0  # nothing dead
+    assert cli(live, "deadletters")["dead_letters"] == []
+
+
+def test_a_paused_tool_holds_its_messages_until_resume_then_each_runs_once(
+    live: LocalStack, own_runtime: None
+) -> None:
+    paused = cli(live, "pause", "--tool", "charge", "--actor", "sre",
+                 "--reason", "provider outage")  # fmt: skip
+    assert paused == {**paused, "kind": "tool", "name": "charge", "paused": True, "changed": True}
+    shown = cli(live, "controls")
+    assert [(p["kind"], p["name"], p["actor"]) for p in shown["paused"]] == [
+        ("tool", "charge", "sre")
+    ]
+    assert {t["tool"]: t["paused"] for t in shown["tools"]}["charge"] is True
+    live.start_workers(1, 4, EFFECTQ_TOOLS=TOOLS)
+    keys = _submit_charges(4, "paused")
+    _assert_held_then_run(live, keys)
+
+    resumed = cli(live, "resume", "--tool", "charge", "--actor", "sre",
+                  "--reason", "provider back")  # fmt: skip
+    assert resumed["paused"] is False and resumed["changed"] is True
+    wait_states(runtime.ledger(), keys, timeout=60)
+    executions = live.stats()["executions"]
+    assert len(executions) == len(keys) and set(executions.values()) == {1}
+    assert cli(live, "controls")["paused"] == []
+    entries = audit(live)
+    assert [(e["action"], e["actor"], e["reason"], e["outcome"]) for e in entries] == [
+        ("resume", "sre", "provider back", "ok: tool charge resumed"),
+        ("pause", "sre", "provider outage", "ok: tool charge paused"),
+    ]
+
+
+def test_a_paused_queue_holds_every_tool_on_it_until_resume(
+    live: LocalStack, own_runtime: None
+) -> None:
+    cli(live, "pause", "--queue", "effectq", "--actor", "sre", "--reason", "upgrade")
+    live.start_workers(1, 4, EFFECTQ_TOOLS=TOOLS)
+    value = submit("set_value", scope="queue-op", target="t1", value="v").key
+    keys = [*_submit_charges(2, "queue"), value]
+    _assert_held_then_run(live, keys)
+    cli(live, "resume", "--queue", "effectq", "--actor", "sre", "--reason", "upgraded")
+    wait_states(runtime.ledger(), keys, timeout=60)
+    assert set(live.stats()["executions"].values()) == {1}
+    assert [e["outcome"] for e in audit(live)] == [
+        "ok: queue effectq resumed", "ok: queue effectq paused",
+    ]  # fmt: skip
+
+
+def test_a_declared_rate_holds_across_two_worker_pools_under_load(
+    live: LocalStack, own_runtime: None
+) -> None:
+    live.start_workers(1, 8, EFFECTQ_TOOLS=TOOLS)
+    live.start_workers(1, 8, EFFECTQ_TOOLS=TOOLS)
+    keys = [limited_tools.rated_set.derive(f"rate-{i}", {"target": f"t{i}"}).key
+            for i in range(40)]  # fmt: skip
+    for i in range(40):
+        submit("rated_set", scope=f"rate-{i}", target=f"t{i}")
+    wait_states(runtime.ledger(), keys, timeout=120)
+    log = live.sandbox.executions()
+    assert len(log) == 40  # each once
+    per_second = Counter(int(e["created_at"]) for e in log)
+    assert max(per_second.values()) <= limited_tools.RATE, sorted(per_second.items())
+    assert len(per_second) >= 40 // limited_tools.RATE  # it did have to wait
+    assert broker_client(live).hlen("dramatiq:effectq.XQ.msgs") == 0
+
+
+def test_a_declared_concurrency_holds_across_two_worker_pools(
+    live: LocalStack, own_runtime: None, tmp_path: Path
+) -> None:
+    spans = tmp_path / "spans"
+    live.sandbox.configure(latency_ms=150.0)
+    env = {"EFFECTQ_TOOLS": TOOLS, "EFFECTQ_TEST_SPANS": str(spans)}
+    live.start_workers(1, 8, **env)
+    live.start_workers(1, 8, **env)
+    keys = [limited_tools.narrow_set.derive(f"conc-{i}", {"target": f"t{i}"}).key
+            for i in range(16)]  # fmt: skip
+    for i in range(16):
+        submit("narrow_set", scope=f"conc-{i}", target=f"t{i}")
+    wait_states(runtime.ledger(), keys, timeout=120)
+    calls = [tuple(map(float, line.split())) for line in spans.read_text().splitlines()]
+    assert len(calls) == 16 and live.stats()["total"] == 16
+    events = sorted([(start, 1) for start, _ in calls] + [(end, -1) for _, end in calls])
+    running = peak = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        running += step
+        peak = max(peak, running)
+    assert peak == limited_tools.CONCURRENCY
+
+
+def test_pause_state_is_in_the_ledgers_namespace(live: LocalStack, own_runtime: None) -> None:
+    cli(live, "pause", "--tool", "rated_set", "--actor", "sre", "--reason", "r")
+    client = redis.Redis.from_url(live.ledger_url, decode_responses=True)
+    assert list(client.hgetall("effectq:paused")) == ["tool:rated_set"]
