@@ -3,7 +3,7 @@
     python -m tests.chaos.harness --effects 300 --seed 7 --kills 3 --stops 1 \
         --redis-restarts 1 --sandbox-restarts 1
 
-Real processes (``workers.dev.local.LocalStack``): a durable ledger Redis of its own (AOF,
+Real processes (``tests.chaos.system.Deployment``): a durable ledger Redis of its own (AOF,
 ``appendfsync always``) apart from the broker's Redis, the sandbox provider with faults
 (5 % 5xx, 2 % lost acks, latency, lookup lag longer than the lease) and its own idempotency
 OFF, a supervised pool ``effectq worker -p 3 -t 4`` and two reconcilers. It submits N effects
@@ -33,11 +33,11 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,17 @@ import httpx
 import psutil
 import redis
 
-from workers.dev.local import LocalStack
-from workers.dev.redis_server import RedisServer, default_redis_binary
+from tests.chaos.system import (
+    TOOLS,
+    Deployment,
+    Retrying,
+    command_line,
+    example_args,
+    report,
+    seeded,
+    spread,
+    workdir_for,
+)
 from workers.dev.sandbox import SandboxConfig
 
 LEASE_S = 3.0  # FAST_ENV's lease of the example tools
@@ -69,8 +78,7 @@ class Submitted:
     duplicates: int = 0
     campaigns: int = 0
     campaign_keys: int = 0
-    retries: int = 0
-    errors: list[str] = field(default_factory=list)
+    tries: Retrying = field(default_factory=Retrying)  # while the ledger Redis is down
 
 
 def _schedule(rng: random.Random, window_s: float, args: argparse.Namespace) -> list[Fault]:
@@ -80,42 +88,15 @@ def _schedule(rng: random.Random, window_s: float, args: argparse.Namespace) -> 
         + ["ledger_restart"] * args.redis_restarts
         + ["sandbox_restart"] * args.sandbox_restarts
     )
-    rng.shuffle(kinds)
-    times = sorted(rng.uniform(0.1 * window_s, 0.85 * window_s) for _ in kinds)
-    return [Fault(round(t, 2), kind) for t, kind in zip(times, kinds, strict=True)]
+    return [Fault(round(t, 2), kind) for t, kind in spread(rng, kinds, window_s)]
 
 
 def _calls(rng: random.Random, n: int, seed: int) -> list[tuple[str, str, dict[str, Any]]]:
     calls: list[tuple[str, str, dict[str, Any]]] = []
     for i in range(n):
-        tool = rng.choice(("charge", "send_email", "set_value"))
-        scope = f"chaos-{seed}-{i}"
-        if tool == "charge":
-            args: dict[str, Any] = {"customer": f"c{i}", "amount": f"{1 + i % 90}.50",
-                                    "currency": "eur"}  # fmt: skip
-        elif tool == "send_email":
-            args = {"recipient": f"user{i}@example.com", "subject": f"s{i}"}
-        else:
-            args = {"target": f"t{i}", "value": i}
-        calls.append((tool, scope, args))
+        tool = rng.choice(TOOLS)
+        calls.append((tool, f"chaos-{seed}-{i}", example_args(tool, i)))
     return calls
-
-
-def _retrying(what: str, fn: Any, sub: Submitted, deadline: float) -> Any:
-    """The producer retries while the ledger Redis is down (it answers first)."""
-    from dedupe import EffectqError
-
-    delay = 0.05
-    while True:
-        try:
-            return fn()
-        except (EffectqError, redis.RedisError) as exc:
-            if time.monotonic() > deadline:
-                sub.errors.append(f"{what}: {exc}")
-                return None
-            sub.retries += 1
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
 
 def _producer(
@@ -137,40 +118,34 @@ def _producer(
         position = rng.randrange(1, len(plan) + 1)
         kind, payload = plan[rng.randrange(position)]
         plan.insert(position, ("dup-" + kind, payload))
-    spread = 0.8 * window_s
+    spread_s = 0.8 * window_s
     start = time.monotonic()
     give_up = start + window_s + 120
     for i, (kind, payload) in enumerate(plan):
-        pause = start + spread * i / len(plan) - time.monotonic()
+        pause = start + spread_s * i / len(plan) - time.monotonic()
         if pause > 0:
             time.sleep(pause)
         if kind.endswith("call"):
             tool, scope, targs = payload
-            handle = _retrying(
-                "submit", lambda t=tool, s=scope, a=targs: submit(t, scope=s, **a), sub, give_up
-            )
+            handle = sub.tries("submit", partial(submit, tool, scope=scope, **targs), give_up)
             if handle is None:
                 continue
             sub.keys[handle.key] = tool
             sub.statuses[("dup:" if kind.startswith("dup") else "") + handle.status.value] += 1
         else:
             cid, recipients = payload
-            report = _retrying(
+            campaign = sub.tries(
                 "campaign",
-                lambda c=cid, r=recipients: submit_campaign(c, "send_email", r, {"subject": "hi"}),
-                sub,
+                partial(submit_campaign, cid, "send_email", recipients, {"subject": "hi"}),
                 give_up,
             )
-            if report is None:
+            if campaign is None:
                 continue
             sub.statuses[("dup:" if kind.startswith("dup") else "") + "campaign_sent"] += (
-                report.sent
+                campaign.sent
             )
-            status = _retrying(
-                "campaign status",
-                lambda c=cid: campaign_status(c, page_size=1000),
-                sub,
-                give_up,
+            status = sub.tries(
+                "campaign status", partial(campaign_status, cid, page_size=1000), give_up
             )
             for row in status["recipients"] if status else []:
                 sub.keys[row["key"]] = get_tool("send_email").name
@@ -185,8 +160,6 @@ class Chaos:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
-        self.broker_server = RedisServer(default_redis_binary(), workdir / "broker")
-        self.ledger_server = RedisServer(default_redis_binary(), workdir / "ledger", aof=True)
         sandbox = SandboxConfig(
             fail_rate=0.05,
             drop_ack_rate=0.02,
@@ -195,13 +168,8 @@ class Chaos:
             provider_idempotency=False,
             seed=args.seed,
         )
-        self.stack = LocalStack(
-            redis_url=self.ledger_server.url,
-            broker_url=f"redis://127.0.0.1:{self.broker_server.port}/0",
-            sandbox=sandbox,
-            env={"EFFECTQ_EXAMPLE_SETTLE_S": str(SETTLE_S)},
-            workdir=workdir,
-        )
+        self.dep = Deployment(workdir, sandbox, env={"EFFECTQ_EXAMPLE_SETTLE_S": str(SETTLE_S)})
+        self.stack = self.dep.stack
         self.faults: list[Fault] = []
         self.stopped: list[psutil.Process] = []
         self.t0 = time.monotonic()
@@ -273,11 +241,7 @@ class Chaos:
                     self.stopped.remove(proc)
                 fault.detail = f"SIGSTOP worker pid {proc.pid} for {hold:.1f}s, then SIGCONT"
         elif fault.kind == "ledger_restart":
-            down = self.rng.uniform(0.5, 2.0)
-            self.ledger_server.kill()
-            time.sleep(down)
-            self.ledger_server.start()  # same port and dir: reloads its AOF
-            fault.detail = f"SIGKILL ledger redis, down {down:.1f}s, restarted from AOF"
+            fault.detail = self.dep.restart_ledger(self.rng.uniform(0.5, 2.0))
         elif fault.kind == "sandbox_restart":
             self.stack.sandbox.restart()  # SandboxConfig again; the state file survives
             fault.detail = "sandbox restarted (state file kept)"
@@ -289,8 +253,8 @@ class Chaos:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.resume()
         self.stopped.clear()
-        if not self.ledger_server.running:
-            self.ledger_server.start()
+        if not self.dep.ledger_server.running:
+            self.dep.ledger_server.start()
         sandbox = self.stack.sandbox
         if sandbox._proc is None or sandbox._proc.poll() is not None:
             sandbox.start()
@@ -299,22 +263,6 @@ class Chaos:
         sandbox.configure(fail_rate=0.0, drop_ack_rate=0.0, latency_ms=0.0)
 
     # -- observation ---------------------------------------------------------------------
-
-    def held_messages(self) -> dict[str, int]:
-        """Broker messages still alive (queued, unacked or delayed), by effect key."""
-        client = redis.Redis.from_url(self.stack.broker_url, decode_responses=True)
-        held: Counter[str] = Counter()
-        try:
-            for name in ("dramatiq:effectq.msgs", "dramatiq:effectq.DQ.msgs"):
-                for raw in client.hvals(name):
-                    try:
-                        key = json.loads(raw)["args"][0]["key"]
-                    except (ValueError, KeyError, IndexError, TypeError):
-                        key = "?"
-                    held[key] += 1
-        finally:
-            client.close()
-        return dict(held)
 
     def dead_letters(self) -> dict[str, str]:
         from workers import runtime
@@ -329,7 +277,7 @@ class Chaos:
         from workers import runtime
 
         records = runtime.ledger().get_many(keys)
-        held = self.held_messages()
+        held = self.dep.held_messages()
         dead = self.dead_letters()
         states = {k: (r.state.value if r else "ABSENT") for k, r in records.items()}
         waiting = [
@@ -347,12 +295,7 @@ class Chaos:
 
     def run(self) -> dict[str, Any]:
         args = self.args
-        self.broker_server.start()
-        self.ledger_server.start()
-        self.stack.start()
-        self.stack.apply_env()
-        import workers.examples  # noqa: F401  (declares the tools against this broker)
-
+        self.dep.start()  # this process becomes the deployment's producer
         pool = self.stack.start_workers(args.processes, args.threads)
         for _ in range(2):
             self.stack.start_reconciler()
@@ -413,8 +356,8 @@ class Chaos:
                 f"not quiescent after {self.args.quiesce_timeout}s: {len(waiting)} keys waiting "
                 f"{[k[:12] for k in waiting[:5]]}, progress {progress}"
             )
-        if sub.errors:
-            violations.append(f"producer gave up: {sub.errors[:3]}")
+        if sub.tries.errors:
+            violations.append(f"producer gave up: {sub.tries.errors[:3]}")
         if not keys:
             violations.append("nothing was submitted")
         stats = self.stack.sandbox.stats()
@@ -501,7 +444,7 @@ class Chaos:
                 "campaigns": sub.campaigns,
                 "campaign_keys": sub.campaign_keys,
                 "statuses": dict(sub.statuses),
-                "producer_retries": sub.retries,
+                "producer_retries": sub.tries.retries,
             },
             "duplicates_suppressed": {
                 "at_submit": sum(v for (k, _), v in counts.items() if k == "dup_submit"),
@@ -576,49 +519,30 @@ def render(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.chaos.harness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = command_line("python -m tests.chaos.harness", __doc__, processes=3, quiesce_timeout=180.0)
     p.add_argument("--effects", type=int, default=300)
-    p.add_argument("--seed", type=int, default=None, help="default: random, printed")
     p.add_argument("--kills", type=int, default=3, help="worker processes SIGKILLed")
     p.add_argument("--stops", type=int, default=1, help="workers SIGSTOPped past their lease")
     p.add_argument("--redis-restarts", type=int, default=1, help="ledger Redis SIGKILL+restart")
     p.add_argument("--sandbox-restarts", type=int, default=1)
     p.add_argument("--minutes", type=float, default=None, help="chaos window (default N/12 s)")
     p.add_argument("--campaigns", type=int, default=2)
-    p.add_argument("--processes", type=int, default=3)
-    p.add_argument("--threads", type=int, default=4)
     p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--quiesce-timeout", type=float, default=180.0)
-    p.add_argument("--keep", type=Path, default=None, help="keep the logs in this directory")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = p.parse_args(argv)
-    if args.seed is None:
-        args.seed = random.SystemRandom().randrange(1_000_000)
-    return args
+    return seeded(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with contextlib.ExitStack() as cleanup:
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            workdir = args.keep
-        else:
-            workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="chaos-")))
-        chaos = Chaos(args, workdir)
-        cleanup.callback(chaos.broker_server.stop)
-        cleanup.callback(chaos.ledger_server.stop)
-        cleanup.callback(chaos.stack.stop)
+        chaos = Chaos(args, workdir_for(cleanup, args.keep, "chaos-"))
+        cleanup.callback(chaos.dep.stop)
         try:
             result = chaos.run()
         except Exception as exc:  # the report still says what broke, and the seed
             result = {"chaos": "error", "seed": args.seed, "violations": [f"harness: {exc!r}"]}
             with contextlib.suppress(Exception):
                 print(chaos.stack.log("workers.log")[-3000:], file=sys.stderr)
-    print(render(result))
-    print(json.dumps(result, sort_keys=True))
-    return 1 if result["violations"] else 0
+    return report(result, render)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ worker pools and reconcilers (``workers.dev.local.LocalStack``), producers
 Every submission and every operator action is appended to an events file
 (``events-*.jsonl``, one JSON object a line, ``tests.chaos.checker.Event``) that the checker
 reads with the provider's log. ``voided_generation_scenario`` is the deterministic run of
-issue 37's hole 1.
+issue 37's hole 1. ``tests.chaos.harness`` runs its own faults on the same ``Deployment``,
+with the producer's retries, the example calls, the fault times and the command line below.
 """
 
 from __future__ import annotations
@@ -22,18 +23,20 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import redis
 
-from dedupe import idempotency_key
+from dedupe import EffectqError, idempotency_key
 from tests.chaos.checker import ACCEPTED, ENDS, Event, Final, Verdict, check
 from workers import runtime
 from workers.dev.local import LocalStack
@@ -45,6 +48,47 @@ QUEUES = ("dramatiq:effectq.msgs", "dramatiq:effectq.DQ.msgs")
 # A pool that must not requeue a dead worker's messages by itself (the scenario decides
 # when the old message comes back).
 NO_REQUEUE = {"EFFECTQ_BROKER_HEARTBEAT_TIMEOUT_MS": "600000"}
+TOOLS = ("charge", "send_email", "set_value")  # workers.examples'
+T = TypeVar("T")
+
+
+def example_args(tool: str, i: int) -> dict[str, Any]:
+    """The ``i``-th effect's arguments for one of ``TOOLS``."""
+    if tool == "charge":
+        return {"customer": f"c{i}", "amount": f"{1 + i % 90}.50", "currency": "eur"}
+    if tool == "send_email":
+        return {"recipient": f"user{i}@example.com", "subject": f"s{i}"}
+    return {"target": f"t{i}", "value": i}
+
+
+def spread(rng: random.Random, kinds: list[str], window_s: float) -> list[tuple[float, str]]:
+    """The faults ``kinds`` in a seeded order at seeded times, none in the window's first
+    tenth nor its last 15 % (what they leave behind has time to show)."""
+    rng.shuffle(kinds)
+    times = sorted(rng.uniform(0.1 * window_s, 0.85 * window_s) for _ in kinds)
+    return list(zip(times, kinds, strict=True))
+
+
+@dataclass
+class Retrying:
+    """A producer's calls, retried while the ledger Redis is down (a submission asks it
+    first): how many retries they took, and what was given up at its deadline."""
+
+    retries: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def __call__(self, what: str, fn: Callable[[], T], deadline: float) -> T | None:
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except (EffectqError, redis.RedisError) as exc:
+                if time.monotonic() > deadline:
+                    self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+                    return None
+                self.retries += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
 
 class Recorder:
@@ -244,6 +288,16 @@ class Deployment:
         listed = self.listed({f.state for f in finals.values()})
         return check(events, self.stack.sandbox.executions(), finals, listed)
 
+    # -- faults ---------------------------------------------------------------------------
+
+    def restart_ledger(self, down_s: float) -> str:
+        """SIGKILL the ledger Redis and start it again ``down_s`` later, on the same port and
+        dir: it reloads its AOF."""
+        self.ledger_server.kill()
+        time.sleep(down_s)
+        self.ledger_server.start()
+        return f"ledger Redis SIGKILLed, down {down_s:.1f}s, restarted from AOF"
+
 
 def wait_for(what: str, predicate: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
@@ -373,12 +427,11 @@ class Workload:
     operator: Counter[str] = field(default_factory=Counter)
     fired: Counter[str] = field(default_factory=Counter)
     fault_log: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    tries: Retrying = field(default_factory=Retrying)  # the producer's, while the ledger is down
     stopped: list[psutil.Process] = field(default_factory=list)
     frozen: list[psutil.Process] = field(default_factory=list)  # by a broker loss
     later: list[tuple[float, str]] = field(default_factory=list)  # faults a fault scheduled
     arm_next: int = 0  # fail-next: the next new effects' first attempt gets a 503
-    retries: int = 0
     broker_lost: int = 0  # messages the broker forgot
     refusals: list[str] = field(default_factory=list)  # operator verbs that answered no
     t0: float = field(default_factory=time.monotonic)
@@ -392,35 +445,18 @@ class Workload:
     def submit(self, tool: str, scope: str, args: dict[str, Any], step: str) -> str | None:
         """One submission, retried while the ledger is down (each try is recorded: the
         ones that raised as maybe-submitted)."""
-        from dedupe import EffectqError
-
         deadline = time.monotonic() + 60
-        delay = 0.05
-        while True:
-            try:
-                status = self.producer.submit(tool, scope, args)
-                break
-            except (EffectqError, redis.RedisError) as exc:
-                if time.monotonic() > deadline:
-                    self.errors.append(f"{step}: {type(exc).__name__}")
-                    return None
-                self.retries += 1
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        status = self.tries(step, lambda: self.producer.submit(tool, scope, args), deadline)
+        if status is None:
+            return None
         self.steps[step] += 1
         self.statuses[status] += 1
         return status
 
     def new_effect(self, i: int) -> None:
-        tool = self.rng.choice(("charge", "send_email", "set_value"))
+        tool = self.rng.choice(TOOLS)
         scope = f"sys-{self.args.seed}-{i}"
-        if tool == "charge":
-            args: dict[str, Any] = {"customer": f"c{i}", "amount": f"{1 + i % 90}.50",
-                                    "currency": "eur"}  # fmt: skip
-        elif tool == "send_email":
-            args = {"recipient": f"user{i}@example.com", "subject": f"s{i}"}
-        else:
-            args = {"target": f"t{i}", "value": i}
+        args = example_args(tool, i)
         from workers import get_tool
 
         key = get_tool(tool).derive(scope, args, None).key
@@ -593,11 +629,7 @@ class Workload:
             threading.Timer(span, self.acks_back).start()
             detail = f"lookups down and drop_ack_rate 0.5 for {span:.1f}s"
         elif kind == "ledger_restart":
-            down = self.rng.uniform(0.5, 2.0)
-            self.dep.ledger_server.kill()
-            time.sleep(down)
-            self.dep.ledger_server.start()  # same port and dir: reloads its AOF
-            detail = f"ledger SIGKILLed, down {down:.1f}s, restarted from AOF"
+            detail = self.dep.restart_ledger(self.rng.uniform(0.5, 2.0))
         self.fault_log.append(f"{time.monotonic() - self.t0:.1f}s {kind}: {detail}")
         self.log(f"fault {kind}: {detail}")
 
@@ -636,9 +668,7 @@ def schedule(
         + ["lookup_outage"] * args.lookup_outages
         + ["ledger_restart"] * args.ledger_restarts
     )  # fmt: skip
-    rng.shuffle(kinds)
-    times = sorted(rng.uniform(0.1 * window_s, 0.85 * window_s) for _ in kinds)
-    return list(zip(times, kinds, strict=True))
+    return spread(rng, kinds, window_s)
 
 
 MOVES = {"duplicate": 30, "conflict": 15, "void": 10, "replay": 6, "settle": 4}
@@ -702,8 +732,8 @@ def run_workload(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         violations = list(verdict.violations)
         if not quiet:
             violations.append(f"not quiescent after {quiesce_s}s: {progress}")
-        if work.errors:
-            violations.append(f"producer gave up: {work.errors[:3]}")
+        if work.tries.errors:
+            violations.append(f"producer gave up: {work.tries.errors[:3]}")
         return {
             "chaos": "violations" if violations else "ok",
             "bench": "system_checker",
@@ -712,7 +742,7 @@ def run_workload(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "submissions": verdict.figures["submissions"],
             "steps": dict(work.steps),
             "statuses": dict(work.statuses),
-            "producer_retries": work.retries,
+            "producer_retries": work.tries.retries,
             "executions": verdict.figures["executions"],
             "states": dict(Counter(f.state for f in finals.values())),
             "operator": dict(work.operator),
@@ -744,11 +774,50 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.chaos.system", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--hole1", action="store_true", help="the deterministic hole-1 scenario only")
+# -- the command line (this one's and the harness's) ----------------------------------------
+
+
+def command_line(
+    prog: str, description: str | None, *, processes: int, quiesce_timeout: float
+) -> argparse.ArgumentParser:
+    """The options both runs take: the seed, the pool, the wait for quiescence, the workdir."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--seed", type=int, default=None, help="default: random, printed")
+    p.add_argument("--processes", type=int, default=processes)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--quiesce-timeout", type=float, default=quiesce_timeout)
+    p.add_argument("--keep", type=Path, default=None, help="keep the workdir (logs, events)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def seeded(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with a seed: the one given, else a random one (printed in the report)."""
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1_000_000)
+    return args
+
+
+def workdir_for(cleanup: contextlib.ExitStack, keep: Path | None, prefix: str) -> Path:
+    """``--keep DIR`` (made if missing), else a temporary directory gone on exit."""
+    if keep is None:
+        return Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    keep.mkdir(parents=True, exist_ok=True)
+    return keep
+
+
+def report(result: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> int:
+    """The one-screen report, then the result as one JSON line; 1 on any violation."""
+    print(render(result))
+    print(json.dumps(result, sort_keys=True))
+    return 1 if result["violations"] else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = command_line("python -m tests.chaos.system", __doc__, processes=2, quiesce_timeout=120.0)
+    p.add_argument("--hole1", action="store_true", help="the deterministic hole-1 scenario only")
     p.add_argument("--effects", type=int, default=100)
     p.add_argument("--minutes", type=float, default=None, help="window (default 0.75 s/effect)")
     p.add_argument("--kills", type=int, default=2, help="worker processes SIGKILLed")
@@ -762,27 +831,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lookup-outages", type=int, default=1, help="lookups down, acks lost")
     p.add_argument("--ledger-restarts", type=int, default=1, help="ledger SIGKILL + AOF restart")
     p.add_argument("--drop-ack-rate", type=float, default=0.02, help="lost acks at all times")
-    p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--quiesce-timeout", type=float, default=120.0)
-    p.add_argument("--keep", type=Path, default=None, help="keep the workdir (logs, events)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = p.parse_args(argv)
-    if args.seed is None:
-        args.seed = random.SystemRandom().randrange(1_000_000)
-    return args
+    return seeded(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tempfile
-
     args = parse_args(argv)
     with contextlib.ExitStack() as cleanup:
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            workdir = args.keep
-        else:
-            workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="system-")))
+        workdir = workdir_for(cleanup, args.keep, "system-")
         if args.hole1:
             print(json.dumps(voided_generation_scenario(workdir), indent=1))
             return 0
@@ -791,9 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # the report still says what broke, and the seed
             result = {"chaos": "error", "bench": "system_checker", "seed": args.seed,
                       "violations": [f"harness: {exc!r}"]}  # fmt: skip
-    print(render(result))
-    print(json.dumps(result, sort_keys=True))
-    return 1 if result["violations"] else 0
+    return report(result, render)
 
 
 if __name__ == "__main__":
