@@ -404,3 +404,47 @@ def campaign(
 @router.get("/static/console.css")
 def stylesheet() -> Response:
     return Response(_CSS, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+
+# -- pause and resume (workers.broker.gate) ---------------------------------------------
+
+
+@router.get("/controls")
+def controls(request: Request, ok: Text = "") -> Response:
+    """What is paused and each tool's declared limits; pause and resume for operators."""
+    if _session(request) is None:
+        return _to_login()
+    shown = {"paused": "paused", "resumed": "resumed"}.get(ok)
+    try:
+        document = verbs.controls()
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "controls.html", problem.status, controls=None,
+                     error=problem.message)  # fmt: skip
+    return _page(request, "controls.html", controls=document, ok=shown)
+
+
+@router.post("/controls/{action}")
+async def control(request: Request, action: str) -> Response:
+    session = _session(request)
+    if session is None:
+        return _to_login()
+    form = await _form(request)
+    if form is None or not session.posted(form):
+        return _forbidden(request, "the form's CSRF token does not match your session")
+    if not session.can_operate:
+        return _forbidden(request, "your token lacks the 'operate' scope")
+    if action not in ("pause", "resume"):
+        return _page(request, "error.html", 404, title="Not found", message="no such action")
+    verb = verbs.pause if action == "pause" else verbs.resume
+    try:
+        await run_in_threadpool(
+            verb, form.get("kind", ""), form.get("name", ""), actor=session.token.name,
+            reason=form.get("reason", ""),
+        )  # fmt: skip
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        document = await run_in_threadpool(verbs.controls)
+        return _page(request, "controls.html", problem.status, controls=document,
+                     error=problem.message)  # fmt: skip
+    return RedirectResponse(f"/console/controls?ok={action}d", status_code=303)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 
 from dedupe import State
 from dedupe.identity import EFFECT_KEY
@@ -17,11 +17,13 @@ from dedupe.spec import TOOL_NAME
 from dedupe.states import RecipientState
 from reconciler.operator import MAX_TEXT
 
+from ..broker.gate import QUEUE_NAME
 from ..campaigns.jobs import JobState
 
 # The schema's forms (anchored) of the effect key and the tool name.
 KEY_PATTERN = f"^{EFFECT_KEY.pattern}$"
 TOOL_PATTERN = f"^{TOOL_NAME.pattern}$"
+QUEUE_PATTERN = f"^{QUEUE_NAME.pattern}$"
 # The longest ?wait= a producer may hold a connection for; part of the published contract.
 MAX_WAIT_S = 30.0
 # A campaign page cursor is Redis's HSCAN cursor: an unsigned 64-bit integer.
@@ -303,3 +305,58 @@ class Problem(BaseModel):
     message: str
     state: str | None = None
     errors: list[FieldError] | None = None
+
+
+# -- pause and resume (workers.broker.gate) ---------------------------------------------
+
+
+class PauseTarget(_Strict):
+    """``effectq pause|resume``: one tool or one queue (exactly one of the two)."""
+
+    tool: Annotated[str, StringConstraints(pattern=TOOL_PATTERN)] | None = None
+    queue: Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)] | None = None
+    reason: Reason
+
+    @model_validator(mode="after")
+    def _one(self) -> PauseTarget:
+        if (self.tool is None) == (self.queue is None):
+            raise ValueError("name one tool or one queue")
+        return self
+
+    @property
+    def target(self) -> tuple[str, str]:
+        return ("tool", self.tool) if self.tool is not None else ("queue", self.queue or "")
+
+
+class PauseResult(BaseModel):
+    """``effectq pause|resume --json``."""
+
+    kind: Literal["tool", "queue"]
+    name: str
+    paused: bool = Field(description="the state now")
+    changed: bool = Field(description="false: it was in that state already")
+    at_ms: int = Field(description="the ledger's time of the change")
+
+
+class Paused(BaseModel):
+    kind: Literal["tool", "queue"]
+    name: str
+    actor: str | None
+    reason: str | None
+    at_ms: int | None = Field(description="paused since (the ledger's ms)")
+    at: str | None = Field(description="at_ms as ISO 8601, UTC")
+
+
+class ToolControls(BaseModel):
+    tool: str
+    queue: str
+    paused: bool = Field(description="held back: the tool or its queue is paused")
+    rate: str | None = Field(description="the declared rate limit, e.g. 100/s")
+    concurrency: int | None = Field(description="the declared concurrency limit")
+
+
+class Controls(BaseModel):
+    """``effectq controls --json``: what is paused, and each declared tool's limits."""
+
+    paused: list[Paused]
+    tools: list[ToolControls]

@@ -404,3 +404,36 @@ def recheck(caller: Operating, body: models.Recheck) -> JSONResponse:
         actor=caller.name, reason=body.reason, dry_run=body.dry_run,
     )  # fmt: skip
     return JSONResponse(document)
+
+
+# -- pause and resume (workers.broker.gate) ---------------------------------------------
+
+
+@router.get(
+    "/controls",
+    summary="What is paused (by whom, why, since when), and each tool's declared limits",
+    responses={200: {"model": models.Controls}, **_problems(*_AUTH)},
+)
+def controls(caller: Reader) -> JSONResponse:
+    return JSONResponse(verbs.controls())
+
+
+@router.post(
+    "/pause",
+    summary="Hold back a tool's or a queue's messages until resumed: none claimed, run or "
+    "dead-lettered, no retry spent",
+    responses={200: {"model": models.PauseResult}, **_problems(*_AUTH)},
+)
+def pause(caller: Operating, body: models.PauseTarget) -> JSONResponse:
+    kind, name = body.target
+    return JSONResponse(verbs.pause(kind, name, actor=caller.name, reason=body.reason))
+
+
+@router.post(
+    "/resume",
+    summary="Let a paused tool's or queue's messages run again",
+    responses={200: {"model": models.PauseResult}, **_problems(*_AUTH)},
+)
+def resume(caller: Operating, body: models.PauseTarget) -> JSONResponse:
+    kind, name = body.target
+    return JSONResponse(verbs.resume(kind, name, actor=caller.name, reason=body.reason))
