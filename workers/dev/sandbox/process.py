@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import httpx
@@ -167,14 +166,9 @@ class SandboxProcess(Started):
         self.stop()
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        super().__exit__(exc_type, exc, tb)
-        self._close_log()
+    def __exit__(self, *exc_info: Any) -> None:
+        super().__exit__(*exc_info)
+        self._close_log()  # output() stays readable after stop() and kill(), until here
 
 
 def main(argv: list[str] | None = None) -> None:
