@@ -165,3 +165,26 @@ def test_pause_state_is_in_the_ledgers_namespace(live: LocalStack, own_runtime: 
     cli(live, "pause", "--tool", "rated_set", "--actor", "sre", "--reason", "r")
     client = redis.Redis.from_url(live.ledger_url, decode_responses=True)
     assert list(client.hgetall("effectq:paused")) == ["tool:rated_set"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pause", "--actor", "sre", "--reason", "r"],  # neither
+        ["pause", "--tool", "charge", "--queue", "effectq", "--actor", "sre", "--reason", "r"],
+        ["pause", "--tool", "Sec<ret>", "--actor", "sre", "--reason", "r"],
+        ["resume", "--queue", "Sec ret", "--actor", "sre", "--reason", "r"],
+        ["pause", "--tool", "charge", "--reason", "r"],  # no actor
+        ["pause", "--tool", "charge", "--actor", "sre", "--reason", " "],
+        ["pause", "--tool", "secret_tool", "--actor", "sre", "--reason", "r"],  # undeclared
+        ["resume", "--queue", "secret_queue", "--actor", "sre", "--reason", "r"],
+    ],
+)
+def test_a_bad_pause_exits_2_in_one_line_that_never_echoes_the_value(
+    live: LocalStack, own_runtime: None, argv: list[str]
+) -> None:
+    result = CliRunner().invoke(app, argv, env=live.env(EFFECTQ_TOOLS=TOOLS))
+    assert result.exit_code == 2, (argv, result.stdout, result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Sec" not in result.stderr and "secret" not in result.stderr, result.stderr
+    assert redis.Redis.from_url(live.ledger_url).hlen("effectq:paused") == 0

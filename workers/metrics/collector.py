@@ -13,6 +13,8 @@ from prometheus_client.metrics_core import Metric
 from dedupe import EffectqError, Ledger
 from dedupe.states import INDEXED
 
+from .. import registry
+from ..broker.gate import paused
 from ..broker.keys import queue_hash
 
 __all__ = ["LedgerCollector"]
@@ -57,7 +59,29 @@ class LedgerCollector:
             up.add_metric([], 1)
             yield up
             yield from _ledger_families(counts, now_ms, oldest_ms, expired)
+            yield from self._paused_family(ledger)
         yield from self._queue_families()
+
+    def _paused_family(self, ledger: Ledger) -> Iterator[Metric]:
+        """``effectq_paused``: 1 for each declared tool and each of these queues an operator
+        paused, 0 for the others (every series born at 0: a pause is a change, not a new
+        series)."""
+        try:
+            held = paused(ledger)
+        except (EffectqError, redis.RedisError) as exc:
+            log.warning("metrics: cannot read the pause state: %s", exc)
+            return
+        family = GaugeMetricFamily(
+            "effectq_paused",
+            "1 while an operator has paused this tool or queue (effectq pause): its messages "
+            "wait, none runs. From the ledger, global.",
+            labels=["kind", "name"],
+        )
+        targets = [("tool", t.name) for t in registry.tools()]
+        targets += [("queue", q) for q in self._queues]
+        for target in sorted(set(targets)):
+            family.add_metric(list(target), 1 if target in held else 0)
+        yield family
 
     def _queue_families(self) -> Iterator[Metric]:
         url = self._broker_url
