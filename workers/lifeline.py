@@ -204,6 +204,11 @@ def main() -> None:
     # As `python -m dramatiq` would see it: Dramatiq's reload (SIGHUP with --watch) execs
     # sys.argv[0] as that module, and the armed signal survives the exec.
     sys.argv[0] = str(Path(dramatiq.__file__).with_name("__main__.py"))
+    # Dramatiq's own lines (booting, signals, shutdown) in effectq's format: JSON with
+    # EFFECTQ_LOG_FORMAT=json like every other line of the pool.
+    from . import logs
+
+    sys.argv[1:1] = logs.dramatiq_main_args()
     sys.exit(dramatiq_main())
 
 

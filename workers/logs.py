@@ -10,8 +10,17 @@ hash, and the prefix is what every effectq message names), ``message_id`` and ``
 (default INFO).
 
 The effect fields come from ``effect(...)``, a context the worker path enters around one
-message: every line logged inside it, by effectq or by the tool body, carries them. Nothing
-else is added to a line: arguments, receipts and recipients are never logged here.
+message: every line logged inside it, by effectq or by the tool body, carries them. The
+lines Dramatiq's middleware writes about that message once it has run (a retry, retries
+exceeded, a dead letter) carry them too: the worker thread keeps its last message's fields
+and a line naming that message id takes them. (A Dramatiq line naming a message object gets
+its fields where ``workers.runtime`` shows the message by actor and id only.) Nothing else
+is added to a line: arguments, receipts and recipients are never logged here.
+
+Every line of an effectq process goes through ``setup``: a Dramatiq main process too
+(``dramatiq_main_args``: Dramatiq's own logging setup is skipped), and uvicorn's
+(``effectq api`` runs it without a logging config of its own), whose ANSI-coloured copy of
+each message (``color_message``) is dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +37,15 @@ from pythonjsonlogger.json import JsonFormatter
 if TYPE_CHECKING:
     from .settings import Settings
 
-__all__ = ["FIELDS", "KEY_PREFIX", "annotate", "effect", "key_prefix", "setup"]
+__all__ = [
+    "FIELDS",
+    "KEY_PREFIX",
+    "annotate",
+    "dramatiq_main_args",
+    "effect",
+    "key_prefix",
+    "setup",
+]
 
 #: The per-effect fields a line may carry, in the order the text format prints them.
 FIELDS = ("tool", "key", "message_id", "token")
@@ -37,6 +55,9 @@ KEY_PREFIX = 12
 _effect: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "effectq_log_effect", default=None
 )
+# The fields of the last message this thread ran: Dramatiq's middleware logs about it
+# (retrying, dead-lettered) after the effect's context is left.
+_last = threading.local()
 
 
 def key_prefix(key: str) -> str:
@@ -58,6 +79,7 @@ class _Effect:
     def __exit__(self, *exc: object) -> None:
         if self._reset is not None:
             _effect.reset(self._reset)
+        _last.fields = self._fields
 
 
 def effect(*, tool: str, key: str | None = None, message_id: str | None = None) -> _Effect:
@@ -85,21 +107,35 @@ def annotate(*, key: str | None = None, token: int | None = None) -> None:
 _DRAMATIQ_ARGS = "Received args=%r kwargs=%r."
 
 
+def _about_message(record: logging.LogRecord) -> Mapping[str, Any]:
+    """The effect fields of a line about the message this thread ran last, written after
+    its context was left (Dramatiq's retry middleware, the dead-letter line): the line
+    names that message's id."""
+    last: Mapping[str, Any] = getattr(_last, "fields", None) or {}
+    if isinstance(record.args, tuple) and last.get("message_id") in record.args:
+        return last
+    return {}
+
+
 class _EffectFields(logging.Filter):
     """Copies the current effect's fields onto each record (a field the caller passed in
-    ``extra`` wins), shortens a ``key`` passed in ``extra`` to its prefix, and drops the
-    arguments from Dramatiq's debug line about them."""
+    ``extra`` wins), shortens a ``key`` passed in ``extra`` to its prefix, drops the
+    arguments from Dramatiq's debug line about them and uvicorn's ANSI copy of a line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == _DRAMATIQ_ARGS:
             record.args = ("(redacted)", "(redacted)")
-        fields: Mapping[str, Any] = _effect.get() or {}
-        for name, value in fields.items():
+        fields: Mapping[str, Any] | None = _effect.get()
+        if fields is None and record.name.startswith(("dramatiq", "workers.broker")):
+            fields = _about_message(record)
+        for name, value in (fields or {}).items():
             if not hasattr(record, name):
                 setattr(record, name, value)
         key = getattr(record, "key", None)
         if isinstance(key, str):
             record.key = key_prefix(key)
+        if hasattr(record, "color_message"):
+            del record.color_message
         return True
 
 
@@ -154,3 +190,15 @@ def setup(settings: Settings) -> None:
         if _FILTER not in handler.filters:
             # On the handler, not the logger: records of every logger pass through it.
             handler.addFilter(_FILTER)
+
+
+def dramatiq_main_args() -> list[str]:
+    """For a Dramatiq main process (``workers.lifeline``): its lines in this process's format
+    too (set up here from the environment's settings), and the argument that keeps
+    Dramatiq's CLI from configuring logging in its own format over it. Its worker
+    processes inherit the handler, which writes to whatever ``sys.stderr`` is: Dramatiq's
+    logging pipe there."""
+    from .settings import Settings
+
+    setup(Settings())
+    return ["--skip-logging"]

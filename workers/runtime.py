@@ -25,7 +25,7 @@ from dramatiq.middleware import CurrentMessage
 
 from dedupe import EffectqError, Ledger, failpoints
 
-from . import metrics
+from . import logs, metrics
 from .broker import build_broker
 from .broker.middleware import EffectMiddleware
 from .settings import Settings, ledger_from_settings
@@ -48,16 +48,28 @@ log = logging.getLogger("effectq.runtime")
 
 class _RedactMessages(logging.Filter):
     """Dramatiq logs a whole message (arguments: recipients, keys) when an actor raises;
-    keep only the actor and the message id in effectq's processes."""
+    keep only the actor and the message id in effectq's processes, and give the line the
+    message's effect fields (workers.logs: tool, key prefix, message id)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(
-                f"{a.actor_name}[{a.message_id}]"
-                if isinstance(a, dramatiq.Message | dramatiq.MessageProxy)
-                else a
-                for a in record.args
-            )
+            args: list[object] = []
+            for a in record.args:
+                if isinstance(a, dramatiq.Message | dramatiq.MessageProxy):
+                    args.append(f"{a.actor_name}[{a.message_id}]")
+                    envelope = a.args[0] if a.args else None
+                    key = envelope.get("key") if isinstance(envelope, dict) else None
+                    fields = {
+                        "tool": a.actor_name,
+                        "message_id": a.message_id,
+                        "key": logs.key_prefix(key) if isinstance(key, str) else None,
+                    }
+                    for name, value in fields.items():
+                        if value is not None and not hasattr(record, name):
+                            setattr(record, name, value)
+                else:
+                    args.append(a)
+            record.args = tuple(args)
         return True
 
 

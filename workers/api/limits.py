@@ -8,6 +8,7 @@ the streamed bytes pass the bound (chunked). The access log names the route *tem
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 
@@ -19,6 +20,7 @@ from .problems import ApiProblem
 __all__ = ["AccessLog", "BodyLimit"]
 
 log = logging.getLogger("workers.api.access")
+_KEYISH = re.compile(r"[0-9a-f]{12,64}")
 
 
 class BodyLimit:
@@ -84,4 +86,8 @@ class AccessLog:
             # The router put the matched route in the scope; an unmatched path logs as "-".
             route = getattr(scope.get("route"), "path", "-")
             elapsed_ms = (time.perf_counter() - started) * 1000
-            log.info("%s %s %d %.0fms", scope["method"], route, status, elapsed_ms)
+            # The effect a route names, as every effectq line names one: its key's prefix
+            # (workers.logs shortens it), and only a key's shape (a path may carry anything).
+            key = scope.get("path_params", {}).get("key")
+            extra = {"key": key} if isinstance(key, str) and _KEYISH.fullmatch(key) else None
+            log.info("%s %s %d %.0fms", scope["method"], route, status, elapsed_ms, extra=extra)
