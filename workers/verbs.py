@@ -55,6 +55,7 @@ __all__ = [
     "resolve",
     "resume",
     "revoke",
+    "scheduled",
     "stream_cursor",
     "submit_call",
     "submit_campaign_file",
@@ -438,9 +439,83 @@ def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
     return {"key": key, "status": status}
 
 
-# -- the dead-letter queues ---------------------------------------------------------------
+# -- the broker's queues: dead letters and delayed messages --------------------------------
 
 _MESSAGE_ID = re.compile(r"[0-9a-f-]{36}")
+# What one scheduled page reads at most: a retry storm's delay queues can hold far more.
+MAX_SCHEDULED_READ = 10_000
+_SCHEDULED_CURSOR = re.compile(r"[0-9]{1,16}\.[0-9a-f-]{36}")
+SCHEDULED_KINDS = ("retrying", "delayed")
+
+
+def _redis_queues(what: str, rabbitmq: str) -> tuple[Any, list[str]]:
+    """The Redis broker of the current runtime and every declared tool's queue; on another
+    broker a MessageError saying why (``rabbitmq``)."""
+    from .broker.redis import EffectqRedisBroker
+    from .registry import tools
+    from .runtime import current
+
+    rt = current()
+    if not isinstance(rt.broker, EffectqRedisBroker):
+        raise MessageError(f"{what} needs the Redis broker: on RabbitMQ {rabbitmq}")
+    # current() bound every declared tool: each has its queue.
+    bound = {t.queue_name for t in tools()}
+    return rt.broker, sorted({q for q in bound if q is not None} | {rt.settings.queue})
+
+
+def scheduled(
+    *,
+    kind: str | None = None,
+    tool: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """``scheduled --json``: the messages waiting in the delay queues (Sidekiq's Scheduled
+    and Retries tabs) by next attempt, each with its tool, key prefix, message id, next
+    attempt, retries so far and why it waits; ``kind`` ``retrying`` (failed at least once)
+    or ``delayed`` (never ran). ``total`` counts every delayed message; a page sorts the
+    first ``MAX_SCHEDULED_READ`` read (``read``). The Redis broker only."""
+    from .broker.dead_queue import Delayed, DelayQueue
+
+    limit = _page_size(limit)
+    if kind is not None and kind not in SCHEDULED_KINDS:
+        raise MessageError(f"scheduled: the kind is one of {', '.join(SCHEDULED_KINDS)}")
+    if cursor is not None and not _SCHEDULED_CURSOR.fullmatch(cursor):
+        raise MessageError("not a cursor of this listing (pass the one a page handed out)")
+    broker, names = _redis_queues(
+        "scheduled", "delayed messages sit in <queue>.DQ queues, which cannot be listed "
+        "without consuming them",
+    )  # fmt: skip
+    total = 0
+    read: list[Delayed] = []
+    for queue in names:
+        delay_queue = DelayQueue(broker.client, queue, broker.namespace)
+        total += delay_queue.size()
+        read += delay_queue.messages(limit=MAX_SCHEDULED_READ - len(read))
+    rows = sorted(
+        (m for m in read if (tool is None or m.tool == tool)
+         and (kind is None or (m.retries > 0) == (kind == "retrying"))),
+        key=lambda m: (m.eta_ms or 0, m.message_id),
+    )  # fmt: skip
+    if cursor is not None:
+        eta, _, after = cursor.partition(".")
+        rows = [m for m in rows if (m.eta_ms or 0, m.message_id) > (int(eta), after)]
+    page = rows[:limit]
+    following = f"{page[-1].eta_ms or 0}.{page[-1].message_id}" if len(rows) > limit else None
+    return {
+        "scheduled": [
+            {"queue": m.queue, "tool": m.tool, "key_prefix": m.key[:12],
+             "message_id": m.message_id, "next_attempt_ms": m.eta_ms,
+             "next_attempt": None if m.eta_ms is None else _iso(m.eta_ms),
+             "retries": m.retries, "why": m.why, "error": m.error}
+            for m in page
+        ],
+        "next_cursor": following, "total": total, "read": len(read),
+    }  # fmt: skip
+
+
+def _iso(at_ms: int) -> str:
+    return datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def dead_queue(
@@ -453,15 +528,16 @@ def dead_queue(
     actor: str,
     reason: str,
     dry_run: bool = False,
+    limit: int = MAX_PAGE,
 ) -> dict[str, Any]:
-    """``requeue --json`` / ``purge --json``: dead messages (``message_ids``, or all of them
-    with ``everything``, those of ``tool`` only) moved back onto their queue with a fresh
-    retry budget, or dropped, from ``queues`` (default: every declared tool's queue). Each
-    one is audited on its effect's trail, and the run once more; ``dry_run`` only counts.
-    The Redis broker only: RabbitMQ's dead letters are its queue ``<queue>.XQ``."""
+    """``requeue --json`` / ``purge --json`` and ``POST /v1/deadletters/{requeue,purge}``:
+    dead messages (``message_ids`` — as ``deadletters`` shows them — or all of them with
+    ``everything``, those of ``tool`` only) moved back onto their queue with a fresh retry
+    budget, or dropped, from ``queues`` (default: every declared tool's queue); at most
+    ``limit`` per call, oldest first (``more``: others match, call again). Each one is
+    audited on its effect's trail, and the run once more; ``dry_run`` only counts. The
+    Redis broker only: RabbitMQ's dead letters are its queue ``<queue>.XQ``."""
     from .broker.dead_queue import DeadLetterQueue
-    from .broker.redis import EffectqRedisBroker
-    from .registry import tools
     from .runtime import current
 
     if action not in ("requeue", "purge"):
@@ -470,48 +546,49 @@ def dead_queue(
         raise MessageError(f"{action}: name the messages, or --all (one or the other)")
     if any(not _MESSAGE_ID.fullmatch(m) for m in message_ids):
         raise MessageError(f"{action}: a message id is 36 characters of hex and dashes")
+    if not 1 <= limit <= MAX_PAGE or len(message_ids) > MAX_PAGE:
+        raise MessageError(f"{action}: at most {MAX_PAGE} messages per call")
     if not dry_run:
         for name, value in (("actor", actor), ("reason", reason)):
             if not value.strip() or len(value) > 1000:
                 raise OperatorError(f"{action}: {name} must be 1 to 1000 characters")
+    broker, names = _redis_queues(action, "its dead letters are the queue <queue>.XQ")
     rt = current()
-    broker = rt.broker
-    if not isinstance(broker, EffectqRedisBroker):
-        raise MessageError(f"{action} needs the Redis broker (RabbitMQ: its queue <queue>.XQ)")
-    # current() bound every declared tool: each has its queue.
-    bound = {t.queue_name for t in tools()}
-    names = queues or sorted({q for q in bound if q is not None} | {rt.settings.queue})
     wanted = set(message_ids) or None
+    # Named messages are bounded by their count; a filter by ``limit``.
+    bound = len(message_ids) or limit
+    letters: list[tuple[Any, Any]] = []  # (its queue, the letter), at most bound + 1
+    for queue in queues or names:
+        dead = DeadLetterQueue(broker.client, queue, broker.namespace)
+        found = dead.letters(tool=tool, ids=wanted, limit=bound + 1 - len(letters))
+        letters += [(dead, letter) for letter in found]
+        if len(letters) > bound:
+            break
+    more, letters = len(letters) > bound, letters[:bound]
     done: list[str] = []
     refused: list[str] = []
-    matched = 0
-    seen: set[str] = set()
-    for queue in names:
-        dead = DeadLetterQueue(broker.client, queue, broker.namespace)
-        for letter in dead.letters(tool=tool, ids=wanted):
-            matched += 1
-            seen.add(letter.message_id)
-            if dry_run:
-                continue
-            if action == "requeue" and not letter.tool:
-                outcome = "refused: undecodable (purge it)"
-            elif (dead.requeue if action == "requeue" else dead.purge)(letter.message_id):
-                outcome = f"ok: {'back on' if action == 'requeue' else 'dropped from'} {queue}"
-            else:
-                outcome = "refused: no longer dead"
-            (done if outcome.startswith("ok") else refused).append(letter.message_id)
-            rt.ledger().audit(
-                action=f"deadletter_{action}", key=letter.key, actor=actor, reason=reason,
-                outcome=f"{outcome} (message {letter.message_id})",
-            )  # fmt: skip
+    seen = {i for _, letter in letters for i in (letter.message_id, letter.redis_id)}
+    for dead, letter in [] if dry_run else letters:
+        if action == "requeue" and not letter.tool:
+            outcome = "refused: undecodable (purge it)"
+        elif (dead.requeue if action == "requeue" else dead.purge)(letter.redis_id):
+            where = "back on" if action == "requeue" else "dropped from"
+            outcome = f"ok: {where} {dead.queue}"
+        else:
+            outcome = "refused: no longer dead"
+        (done if outcome.startswith("ok") else refused).append(letter.message_id)
+        rt.ledger().audit(
+            action=f"deadletter_{action}", key=letter.key, actor=actor, reason=reason,
+            outcome=f"{outcome} (message {letter.message_id})",
+        )  # fmt: skip
     if not dry_run:
         rt.ledger().audit(
             action=f"deadletter_{action}", key="", actor=actor, reason=reason,
-            outcome=f"ok: {len(done)} of {matched}",
+            outcome=f"ok: {len(done)} of {len(letters)}",
         )  # fmt: skip
     return {
-        "matched": matched, f"{action}d": done, "refused": refused,
-        "not_found": sorted((wanted or set()) - seen), "dry_run": dry_run,
+        "matched": len(letters), f"{action}d": done, "refused": refused,
+        "not_found": sorted((wanted or set()) - seen), "dry_run": dry_run, "more": more,
     }  # fmt: skip
 
 

@@ -69,6 +69,7 @@ ROUTES = {
                       "tool": "send_email", "recipients": ["a@example.com"]}, 202),
     "campaign-status": Route("GET", "read", lambda _: _campaign(), None, 200),
     "effect": Route("GET", "read", lambda ledger: f"/v1/effects/{_done(ledger)}", None, 200),
+    "scheduled": Route("GET", "read", lambda _: "/v1/scheduled", None, 200),
     "resolve": Route("POST", "operate", lambda ledger: f"/v1/effects/{_unknown(ledger)}/resolve",
                      {"executed": True, "receipt": RECEIPT, **REASON}, 200),
     "revoke": Route("POST", "operate", lambda ledger: f"/v1/effects/{_done(ledger)}/revoke",

@@ -53,7 +53,7 @@ VERBS = [
     [], ["sandbox"], ["worker"], ["submit"], ["reconciler"], ["api"], ["inspect"], ["list"],
     ["resolve"], ["revoke"], ["supersede"], ["replay"], ["demo"], ["campaign"],
     ["campaign", "submit"], ["campaign", "status"], ["deadletters"], ["audit"], ["recheck"],
-    ["requeue"], ["purge"],
+    ["requeue"], ["purge"], ["scheduled"],
 ]  # fmt: skip
 
 

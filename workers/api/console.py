@@ -265,6 +265,12 @@ async def recheck(request: Request) -> Response:
 def dead_letters(request: Request, tool: Text = "", cursor: Text = "") -> Response:
     if _session(request) is None:
         return _to_login()
+    return _dead_letters_page(request, tool, cursor)
+
+
+def _dead_letters_page(
+    request: Request, tool: str, cursor: str, status: int = 200, **context: Any
+) -> Response:
     try:
         if tool and not TOOL_NAME.fullmatch(tool):
             raise MessageError("not a tool's name")
@@ -272,8 +278,72 @@ def dead_letters(request: Request, tool: Text = "", cursor: Text = "") -> Respon
     except EffectqError as exc:
         problem = problem_of(exc)
         return _page(request, "deadletters.html", problem.status, page=None, tool=tool,
+                     error=problem.message, **context)  # fmt: skip
+    return _page(request, "deadletters.html", status, page=page, tool=tool, **context)
+
+
+_DEAD_ACTIONS = ("requeue", "purge")
+
+
+@router.post("/deadletters/{action}")
+async def dead_letter_action(request: Request, action: str) -> Response:
+    """Requeue or purge dead messages: one (its row's form) or by tool, bounded (the bulk
+    form, dry run first); audited under the session's name."""
+    session = _session(request)
+    if session is None:
+        return _to_login()
+    form = await _form(request)
+    if form is None or not session.posted(form):
+        return _forbidden(request, "the form's CSRF token does not match your session")
+    if not session.can_operate:
+        return _forbidden(request, "your token lacks the 'operate' scope")
+    if action not in _DEAD_ACTIONS:
+        return _page(request, "error.html", 404, title="Not found", message="no such action")
+
+    def run() -> dict[str, Any]:
+        tool = form.get("tool", "")
+        if tool and not TOOL_NAME.fullmatch(tool):
+            raise MessageError("not a tool's name")
+        limit = form.get("limit", "") or "100"
+        if not limit.isdigit() or len(limit) > 4:
+            raise MessageError("the limit is a number from 1 to 1000")
+        message_id = form.get("message_id", "")
+        return verbs.dead_queue(
+            action, message_ids=[message_id] if message_id else [],
+            everything=not message_id, tool=tool or None, actor=session.token.name,
+            reason=form.get("reason", ""), dry_run=form.get("dry_run") == "on",
+            limit=int(limit),
+        )  # fmt: skip
+
+    try:
+        result = await run_in_threadpool(run)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return await run_in_threadpool(
+            _dead_letters_page, request, "", "", problem.status, error=problem.message,
+            form=form, action=action,
+        )  # fmt: skip
+    return await run_in_threadpool(
+        _dead_letters_page, request, form.get("tool", ""), "", result=result, form=form,
+        action=action,
+    )  # fmt: skip
+
+
+@router.get("/scheduled")
+def scheduled(request: Request, kind: Text = "", tool: Text = "", cursor: Text = "") -> Response:
+    """The delay queues by next attempt: retries backing off and delayed sends."""
+    if _session(request) is None:
+        return _to_login()
+    filters = {"kind": kind, "tool": tool}
+    try:
+        if tool and not TOOL_NAME.fullmatch(tool):
+            raise MessageError("not a tool's name")
+        page = verbs.scheduled(kind=kind or None, tool=tool or None, cursor=cursor or None)
+    except EffectqError as exc:
+        problem = problem_of(exc)
+        return _page(request, "scheduled.html", problem.status, page=None, filters=filters,
                      error=problem.message)  # fmt: skip
-    return _page(request, "deadletters.html", page=page, tool=tool)
+    return _page(request, "scheduled.html", page=page, filters=filters)
 
 
 @router.get("/pending")

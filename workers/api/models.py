@@ -82,6 +82,24 @@ class Recheck(_Strict):
     dry_run: bool = Field(default=False, description="count them; change nothing")
 
 
+MessageId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f-]{36}$")]
+
+
+class DeadLetterAction(_Strict):
+    """``effectq requeue`` / ``effectq purge``: the named dead messages, or with ``all``
+    those of ``tool`` (every tool's without), oldest first, at most ``limit`` per call."""
+
+    message_ids: list[MessageId] = Field(
+        default_factory=list, max_length=1000,
+        description="as GET /v1/deadletters shows them; or give all=true",
+    )  # fmt: skip
+    all: bool = Field(default=False, description="every dead message (of tool, if given)")
+    tool: Annotated[str, StringConstraints(pattern=TOOL_PATTERN)] | None = None
+    limit: int = Field(default=100, ge=1, le=1000, description="at most this many, oldest first")
+    reason: Reason
+    dry_run: bool = Field(default=False, description="count them; change nothing")
+
+
 # -- responses --------------------------------------------------------------------------
 
 
@@ -290,6 +308,48 @@ class RecheckResult(BaseModel):
     matched: int = Field(description="UNKNOWN effects of the tool in the range")
     rechecked: int = Field(description="sent back to the reconciler (0 on a dry run)")
     refused: dict[str, int] = Field(description="state -> effects settled meanwhile")
+
+
+class DeadLetterResult(BaseModel):
+    """``effectq requeue --json`` / ``effectq purge --json`` (``requeued`` or ``purged``)."""
+
+    matched: int = Field(description="dead messages this call took (at most limit)")
+    requeued: list[str] | None = Field(default=None, description="message ids back on a queue")
+    purged: list[str] | None = Field(default=None, description="message ids dropped")
+    refused: list[str] = Field(description="undecodable (purge it) or no longer dead")
+    not_found: list[str] = Field(description="named message ids that are not dead (any more)")
+    dry_run: bool
+    more: bool = Field(description="more dead messages match: call again")
+
+
+class ScheduledMessage(BaseModel):
+    """A message waiting in a delay queue: never its arguments, only its key's prefix."""
+
+    queue: str
+    tool: str = Field(description="empty for an undecodable body")
+    key_prefix: str = Field(description="the effect key's first 12 hex digits, as logs print")
+    message_id: str
+    next_attempt_ms: int | None = Field(description="its eta: when it goes back on its queue")
+    next_attempt: str | None = Field(description="next_attempt_ms as ISO 8601, UTC")
+    retries: int = Field(description="failed deliveries so far")
+    why: Literal["retry_after_failure", "retry_later", "delay", "undecodable"] = Field(
+        description="retry_after_failure: the call failed (not executed, outcome uncertain, or "
+        "an exception); retry_later: effectq's own back-off (the claim is held elsewhere, the "
+        "ledger could not answer, a commit waits); delay: sent with one"
+    )
+    error: str | None = Field(
+        description="the cause in effectq's fixed words (not executed, effect is in_flight, "
+        "…) or an exception's type name; never its message"
+    )
+
+
+class ScheduledPage(BaseModel):
+    """``effectq scheduled --json``: the delay queues by next attempt."""
+
+    scheduled: list[ScheduledMessage]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+    total: int = Field(description="messages in the delay queues")
+    read: int = Field(description="how many were read and sorted (at most 10000)")
 
 
 class FieldError(BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Security
@@ -327,6 +327,28 @@ def dead_letters(
 
 
 @router.get(
+    "/scheduled",
+    summary="Messages waiting in the delay queues (retries backing off, delayed sends), by "
+    "next attempt; 422 on RabbitMQ, whose delay queues cannot be listed",
+    responses={200: {"model": models.ScheduledPage}, **_problems(*_AUTH)},
+)
+def scheduled(
+    caller: Reader,
+    kind: Annotated[
+        Literal["retrying", "delayed"] | None,
+        Query(description="retrying: failed at least once; delayed: sent with a delay"),
+    ] = None,
+    tool: ToolQuery = None,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9]{1,16}\.[0-9a-f-]{36}$", description="the previous next_cursor"),
+    ] = None,
+    limit: PageLimit = 100,
+) -> JSONResponse:
+    return JSONResponse(verbs.scheduled(kind=kind, tool=tool, cursor=cursor, limit=limit))
+
+
+@router.get(
     "/audit",
     summary="The audit stream (operator actions and refusals), newest first",
     responses={200: {"model": models.AuditPage}, **_problems(*_AUTH)},
@@ -402,6 +424,24 @@ def recheck(caller: Operating, body: models.Recheck) -> JSONResponse:
     document = verbs.recheck(
         body.tool, since_ms=_since(ops, body.since), until_ms=_since(ops, body.until, "until"),
         actor=caller.name, reason=body.reason, dry_run=body.dry_run,
+    )  # fmt: skip
+    return JSONResponse(document)
+
+
+@router.post(
+    "/deadletters/{action}",
+    summary="Requeue (fresh retry budget) or purge dead messages, named or by tool, at most "
+    "limit per call (dry_run: count them); 422 on RabbitMQ",
+    responses={200: {"model": models.DeadLetterResult}, **_problems(*_AUTH)},
+)
+def dead_letter_action(
+    caller: Operating,
+    action: Annotated[Literal["requeue", "purge"], Path()],
+    body: models.DeadLetterAction,
+) -> JSONResponse:
+    document = verbs.dead_queue(
+        action, message_ids=body.message_ids, everything=body.all, tool=body.tool,
+        actor=caller.name, reason=body.reason, dry_run=body.dry_run, limit=body.limit,
     )  # fmt: skip
     return JSONResponse(document)
 

@@ -229,6 +229,9 @@ _Queues = Annotated[
     typer.Option("--queue", metavar="QUEUE", help="this queue's (default: every tool's queue)"),
 ]
 _DryRun = Annotated[bool, typer.Option("--dry-run", help="count them; change nothing")]
+_AtMost = Annotated[
+    int, typer.Option("--limit", metavar="N", min=1, max=1000, help="at most N, oldest first")
+]
 
 
 def _dead_queue(action: str, message_ids: list[str] | None, **options: Any) -> None:
@@ -250,7 +253,8 @@ def _dead_queue(action: str, message_ids: list[str] | None, **options: Any) -> N
     refused, missing = document["refused"], document["not_found"]
     line(f"{action}d {len(document[action + 'd'])} of {document['matched']} dead messages"
          + (f"; refused: {len(refused)}" if refused else "")
-         + (f"; not dead (any more): {len(missing)}" if missing else ""))  # fmt: skip
+         + (f"; not dead (any more): {len(missing)}" if missing else "")
+         + ("; more match: run it again" if document["more"] else ""))  # fmt: skip
 
 
 @app.command()
@@ -262,12 +266,13 @@ def requeue(
     actor: _OptionalActor = None,
     reason: _OptionalReason = None,
     dry_run: _DryRun = False,
+    limit: _AtMost = 1000,
     as_json: Json = False,
 ) -> None:
     """Put dead-lettered messages back on their queue, with a fresh retry budget (audited)."""
     _dead_queue(
         "requeue", message_ids, everything=everything, tool=tool, queues=queue, actor=actor,
-        reason=reason, dry_run=dry_run, as_json=as_json,
+        reason=reason, dry_run=dry_run, limit=limit, as_json=as_json,
     )  # fmt: skip
 
 
@@ -280,10 +285,47 @@ def purge(
     actor: _OptionalActor = None,
     reason: _OptionalReason = None,
     dry_run: _DryRun = False,
+    limit: _AtMost = 1000,
     as_json: Json = False,
 ) -> None:
     """Drop dead-lettered messages from the broker for good (audited)."""
     _dead_queue(
         "purge", message_ids, everything=everything, tool=tool, queues=queue, actor=actor,
-        reason=reason, dry_run=dry_run, as_json=as_json,
+        reason=reason, dry_run=dry_run, limit=limit, as_json=as_json,
     )  # fmt: skip
+
+
+@app.command()
+def scheduled(
+    retrying: Annotated[
+        bool, typer.Option("--retrying", help="only those that failed at least once")
+    ] = False,
+    delayed: Annotated[
+        bool, typer.Option("--delayed", help="only those sent with a delay (never ran)")
+    ] = False,
+    tool: ToolName = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    as_json: Json = False,
+) -> None:
+    """Messages waiting in the broker's delay queues, by next attempt: retries backing off
+    and delayed sends (tool, key prefix, message id, next attempt, retries, why)."""
+    from .. import verbs
+
+    if retrying and delayed:
+        fail(2, "--retrying and --delayed exclude each other: give one")
+    _install()
+    kind = "retrying" if retrying else "delayed" if delayed else None
+    page = verbs.scheduled(kind=kind, tool=tool, cursor=cursor, limit=limit)
+    if as_json:
+        emit(page)
+        return
+    table(
+        ("next attempt", "tool", "key", "message id", "retries", "why"),
+        ((m["next_attempt"] or "—", m["tool"], m["key_prefix"], m["message_id"],
+          str(m["retries"]), m["why"] + (f" ({m['error']})" if m["error"] else ""))
+         for m in page["scheduled"]),
+    )  # fmt: skip
+    if page["read"] < page["total"]:
+        line(f"(sorted the first {page['read']} of {page['total']} delayed messages)")
+    _more(page["next_cursor"])
