@@ -43,6 +43,7 @@ def exposed_series() -> set[str]:
         names |= {family.name + s for s in suffixes.get(family.type, [""])}
     names.add("effectq_queue_messages")  # needs a Redis broker to be collected
     names.add("effectq_ledger_up")
+    names.add("effectq_paused")  # read from the ledger's pause state
     return names
 
 

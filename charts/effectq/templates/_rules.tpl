@@ -243,6 +243,24 @@ groups:
           runbook_url: {{ printf "%s/EffectqWorkersIdle.md" $rule.runbookBaseUrl | quote }}
       {{- end }}{{ end }}
 
+      {{- with $alerts.EffectqPaused }}{{ if .enabled }}
+      - alert: EffectqPaused
+        # From the ledger: every pod exports the same value, 0 for each declared tool and
+        # queue when nothing is paused (a pause is a change of value, not a new series).
+        expr: max by (namespace, kind, name) (effectq_paused) > 0
+        for: {{ .for }}
+        labels:
+          severity: {{ .severity }}
+        annotations:
+          summary: {{`"{{ $labels.kind }} {{ $labels.name }} is still paused"`}}
+          description: >-
+            {{`An operator paused {{ $labels.kind }} {{ $labels.name }}`}} (effectq pause) more
+            than {{ .for }} ago and nobody resumed it: its messages wait in the delay queue, none
+            runs. See who and why with effectq controls; resume it once the outage or upgrade
+            is over.
+          runbook_url: {{ printf "%s/EffectqPaused.md" $rule.runbookBaseUrl | quote }}
+      {{- end }}{{ end }}
+
       {{- with $alerts.EffectqConflicts }}{{ if .enabled }}
       - alert: EffectqConflicts
         expr: max by (namespace, tool) (rate(effectq_conflicts_total[5m])) > 0
