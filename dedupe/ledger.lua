@@ -88,7 +88,19 @@ local STEP = '>BBI6Hc0'
 -- loaded once; under EVAL the whole file runs per call, as before).
 local K, A, now, key, rec
 local OPS = {}
+-- The ops that read the clock themselves, only on the paths that need it (clock()).
+local LAZY_CLOCK = {claim = true, get = true}
 local MARKER_OPS = {}
+
+-- The server's time (ms) in `now`, read once per call when first needed: a claim that finds
+-- a DONE record (a duplicate, the bulk of claims once effects settle), a conflict or a voided
+-- generation, and a read, answer without it (one command fewer).
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+end
 
 local function nonzero(v) if v ~= 0 then return v end end
 local function nonempty(v) if v ~= '' then return v end end
@@ -294,13 +306,14 @@ OPS.claim = function()
   local campaign = A[8] ~= '' and A[8] or nil
   local generation = tonumber(A[9]) or 0
   local submitted, window = tonumber(A[10]) or 0, tonumber(A[11]) or 0
-  local deadline = now + lease_ms
   local function stale()
     if submitted > 0 and window > 0 and now - submitted > window then
       return {'stale', rec and rec.s or 'ABSENT', rec and rec.t or 0, now - submitted}
     end
   end
   if not rec then
+    clock()
+    local deadline = now + lease_ms
     local too_old = stale()
     if too_old then return too_old end
     -- A record that expired took its generation along: the message's (submit's answer)
@@ -325,6 +338,8 @@ OPS.claim = function()
     return {'duplicate', rec.t, rec.g, rec.r or '', s}
   end
   if s == 'FAILED' or s == 'REVOKED' or s == 'SUPERSEDED' then
+    clock()
+    local deadline = now + lease_ms
     local too_old = stale()
     if too_old then return too_old end
     if s ~= 'FAILED' then rec.g = rec.g + 1 else rec.g = generation end
@@ -342,6 +357,7 @@ OPS.claim = function()
     bump('dup_claim', tool)
     return {'duplicate', rec.t, rec.g, rec.r, s}
   end
+  clock()
   local remaining = rec.d and rec.d - now or false
   if s == 'RECONCILING' or (s == 'CLAIMED' and rec.d > now) then
     return {'in_flight', s, rec.t, remaining}
@@ -603,8 +619,8 @@ local function run(keys, args)
   key = A[2]
   local marker_op = MARKER_OPS[A[1]]
   if marker_op then return marker_op() end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = nil
+  if not LAZY_CLOCK[A[1]] then clock() end
   local blob = redis.call('GET', K[1])
   rec = blob and decode(blob) or nil
   local op = OPS[A[1]]
