@@ -105,6 +105,20 @@ def test_a_failing_effect_waiting_to_retry_shows_in_cli_api_and_console(
     assert 'href="/console/scheduled"' in console.get("/console").text  # in the header
 
 
+def test_a_message_held_back_by_a_pause_shows_why_it_waits(api: Api, live: LocalStack) -> None:
+    with api.client("sre-ana") as ops:
+        paused = ops.post("/v1/pause", json={"tool": "charge", "reason": "provider outage"})
+        assert paused.status_code == 200, paused.text
+    handle = _charge("held-1")
+    live.start_workers(1, 2)
+    with api.client("dash") as viewer:
+        page = poll_json(viewer, "/v1/scheduled", lambda b: bool(b["scheduled"]), timeout=60)
+    [row] = page["scheduled"]
+    assert row["message_id"] == handle.message_id
+    assert (row["why"], row["error"], row["retries"]) == ("held_back", "paused", 0)
+    assert live.stats()["executions"] == {}
+
+
 def _dead(api: Api, live: LocalStack, count: int) -> list[tuple[str, str]]:
     """``count`` charges dead-lettered once their retries are spent (the provider refuses
     every call): (key, message id as GET /v1/deadletters shows it), oldest first. A retried

@@ -322,6 +322,9 @@ class DeadLetterResult(BaseModel):
     more: bool = Field(description="more dead messages match: call again")
 
 
+Why = Literal["retry_after_failure", "retry_later", "held_back", "delay", "undecodable"]
+
+
 class ScheduledMessage(BaseModel):
     """A message waiting in a delay queue: never its arguments, only its key's prefix."""
 
@@ -332,14 +335,16 @@ class ScheduledMessage(BaseModel):
     next_attempt_ms: int | None = Field(description="its eta: when it goes back on its queue")
     next_attempt: str | None = Field(description="next_attempt_ms as ISO 8601, UTC")
     retries: int = Field(description="failed deliveries so far")
-    why: Literal["retry_after_failure", "retry_later", "delay", "undecodable"] = Field(
-        description="retry_after_failure: the call failed (not executed, outcome uncertain, or "
-        "an exception); retry_later: effectq's own back-off (the claim is held elsewhere, the "
-        "ledger could not answer, a commit waits); delay: sent with one"
+    why: Why = Field(
+        description="retry_after_failure: the call failed (not executed, outcome uncertain, "
+        "or an exception); retry_later: effectq's own back-off (the claim is held "
+        "elsewhere, the ledger could not answer, a commit waits); held_back: by a pause or "
+        "a rate or concurrency limit (error says which; no attempt made); delay: sent "
+        "with one"
     )
     error: str | None = Field(
         description="the cause in effectq's fixed words (not executed, effect is in_flight, "
-        "…) or an exception's type name; never its message"
+        "paused, rate, …) or an exception's type name; never its message"
     )
 
 

@@ -150,11 +150,11 @@ class Delayed:
     retries: int
     #: ``retry_after_failure`` (the call failed: not executed, or its outcome uncertain, or
     #: another actor's exception), ``retry_later`` (effectq's own back-off: the claim is
-    #: held elsewhere, the ledger could not answer, a commit waits), ``delay`` (sent with
-    #: one) or ``undecodable``.
+    #: held elsewhere, the ledger could not answer, a commit waits), ``held_back`` (by a
+    #: pause or a limit: no attempt made), ``delay`` (sent with one) or ``undecodable``.
     why: str
-    #: The cause in effectq's fixed words ("not executed", "effect is in_flight", …) or
-    #: another exception's type name; never the exception's message.
+    #: The cause in effectq's fixed words ("not executed", "effect is in_flight", "paused",
+    #: "rate", …) or another exception's type name; never the exception's message.
     error: str | None
 
 
@@ -188,8 +188,11 @@ def _delayed(queue: str, redis_id: str, body: bytes) -> Delayed:
     eta = options.get("eta")
     retries = options.get("retries")
     retries = retries if isinstance(retries, int) and retries >= 0 else 0
-    name, text = _raised(options.get("traceback")) if retries else (None, "")
-    if not retries:
+    name, text = _raised(options.get("traceback"))
+    if name == "Deferred":  # held back by a control; its retry was given back
+        held = _HELD.match(text)
+        why, error = "held_back", held.group(1) if held else None
+    elif not retries:
         why, error = "delay", None
     elif name == "RetryLater":
         cause = _CAUSE.match(text)
@@ -207,6 +210,8 @@ _EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]{0,200})(?:: (.*)|$)")
 # The causes a worker's RetryLater names first (``workers.tool``), before any detail that
 # could carry a value: only these are shown. The first two follow a failed call.
 _FAILURES = ("not executed", "outcome uncertain")
+# Why a control held a message back (``workers.broker.gate.Deferred``'s causes).
+_HELD = re.compile(r"held back: (paused|rate|concurrency|unavailable)\b")
 _CAUSE = re.compile(
     r"(not executed|outcome uncertain|effect is in_flight|effect is blocked|ledger "
     r"unavailable|executed, receipt not recordable|executed but not recorded|commit fenced)"
