@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.chart._chart import CHART, NAMESPACE, RELEASE, Render
 from workers.examples import ExampleSettings
@@ -130,9 +131,11 @@ def test_the_chart_works_as_a_dependency_of_another(helm: ModuleType, tmp_path: 
     parent = tmp_path / "parent"
     shutil.copytree(CHART, parent / "charts" / "effectq", symlinks=False)
     (parent / "templates").mkdir()
+    # The chart's own version: the release command stamps it (tests/chart/release.py).
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     (parent / "Chart.yaml").write_text(
         "apiVersion: v2\nname: parent\nversion: 1.0.0\n"
-        "dependencies:\n  - name: effectq\n    version: 0.1.0\n"
+        f"dependencies:\n  - name: effectq\n    version: {version}\n"
     )
     (parent / "values.yaml").write_text("global:\n  environment: staging\n")
     with helm.Chart.load(parent) as chart:
