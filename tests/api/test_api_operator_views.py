@@ -12,25 +12,13 @@ import pytest
 
 from dedupe import State
 from tests.api.conftest import ROLES, Api
-from tests.support.ledgers import charge, poll
+from tests.support.ledgers import charge, unknown_charge
 from workers import runtime
 from workers.dev.local import LocalStack
 
 
-def _unknown() -> str:
-    ledger = runtime.ledger()
-    effect = charge()
-    ledger.claim(effect, lease_s=0.01, holder="w/1")
-    takeover = poll(
-        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
-    )
-    assert takeover is not None
-    ledger.mark_unknown(effect.key, takeover.token, reason="lookup unavailable 5 times")
-    return effect.key
-
-
 def test_pages_of_unknown_effects_go_on_by_cursor(client: httpx.Client) -> None:
-    keys = {_unknown() for _ in range(3)}
+    keys = {unknown_charge(runtime.ledger()) for _ in range(3)}
     first = client.get("/v1/effects", params={"state": "UNKNOWN", "limit": 2}).json()
     rest = client.get("/v1/effects", params={"cursor": first["next_cursor"], "limit": 2}).json()
     assert {e["key"] for e in first["effects"] + rest["effects"]} == keys
@@ -43,7 +31,7 @@ def test_pages_of_unknown_effects_go_on_by_cursor(client: httpx.Client) -> None:
 def test_recheck_needs_operate_and_is_audited_under_the_tokens_name(
     api: Api, client: httpx.Client
 ) -> None:
-    key = _unknown()
+    key = unknown_charge(runtime.ledger())
     body = {"tool": "charge", "since": "600", "reason": "lookups back", "dry_run": True}
     with api.client("dash") as reader:
         assert reader.post("/v1/recheck", json=body).status_code == 403
@@ -131,7 +119,7 @@ def _login(browser: httpx.Client, role: str) -> dict[str, str]:
 
 
 def test_the_console_pages_filters_views_and_the_recheck_button(api: Api, live: LocalStack) -> None:
-    keys = [_unknown() for _ in range(3)]
+    keys = [unknown_charge(runtime.ledger()) for _ in range(3)]
     runtime.ledger().dead_letter(message_id="m-1", tool="charge", key=None, reason="bad input")
     with httpx.Client(base_url=api.url, timeout=60) as browser:
         cookie = _login(browser, "sre-ana")

@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
-from dedupe import EffectqError, Ledger, NotFound, OperatorError, State, TransitionRefusedError
+from dedupe import EffectqError, NotFound, OperatorError, State, TransitionRefusedError
 from reconciler import Operator
 from tests.support.cluster import LocalCluster
-from tests.support.ledgers import CHARGE, RETENTION_S, charge, fresh_ledger, poll
+from tests.support.ledgers import CHARGE, RETENTION_S, charge, fresh_ledger, unknown_charge
 from workers import runtime, verbs
 from workers.dev.local import LocalStack
 from workers.dev.redis_server import RedisServer
@@ -25,17 +25,6 @@ def ops(live: LocalStack) -> Operator:
     return Operator(runtime.ledger(), registry.specs())
 
 
-def _unknown(ledger: Ledger) -> str:
-    effect = charge()
-    ledger.claim(effect, lease_s=0.01, holder="w/1")
-    takeover = poll(
-        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
-    )
-    assert takeover is not None
-    ledger.mark_unknown(effect.key, takeover.token, reason="lookup unavailable 5 times")
-    return effect.key
-
-
 def _recheck(ops: Operator, **kwargs: object) -> dict[str, object]:
     args: dict[str, object] = {"since_ms": None, "until_ms": None, "actor": "sre", "reason": "r"}
     return ops.recheck("charge", **{**args, **kwargs})  # type: ignore[arg-type]
@@ -44,7 +33,7 @@ def _recheck(ops: Operator, **kwargs: object) -> dict[str, object]:
 def test_recheck_hands_an_unknown_back_with_a_fresh_budget_and_an_expired_lease(
     ops: Operator,
 ) -> None:
-    key = _unknown(ops.ledger)
+    key = unknown_charge(ops.ledger)
     before = ops.inspect(key)
     assert _recheck(ops, dry_run=True)["matched"] == 1
     assert ops.inspect(key).state is State.UNKNOWN  # a dry run changes nothing
@@ -75,7 +64,7 @@ def test_the_ledger_refuses_recheck_from_any_state_but_unknown(ops: Operator, st
 
 
 def test_recheck_leaves_other_tools_and_other_times_alone(ops: Operator) -> None:
-    key = _unknown(ops.ledger)
+    key = unknown_charge(ops.ledger)
     with pytest.raises(TransitionRefusedError):
         ops.ledger.recheck(key, tool="send_email", note="n", holder="op/sre")
     became = ops.ledger.index_page("unknown")[0][1]
@@ -91,7 +80,7 @@ def test_recheck_of_a_tool_without_lookup_is_refused_and_audited(ops: Operator) 
 
 
 def test_paging_the_state_indexes_visits_each_effect_once(ops: Operator) -> None:
-    unknown = {_unknown(ops.ledger) for _ in range(7)}
+    unknown = {unknown_charge(ops.ledger) for _ in range(7)}
     claimed = set()
     for _ in range(4):
         effect = charge()
@@ -121,7 +110,7 @@ def test_a_cursor_not_handed_out_is_refused(ops: Operator, cursor: str) -> None:
 
 
 def test_an_effects_whole_audit_trail_beyond_the_last_thousand_entries(ops: Operator) -> None:
-    key = _unknown(ops.ledger)
+    key = unknown_charge(ops.ledger)
     ops.ledger.audit(action="resolve_done", key=key, actor="sre", reason="r", outcome="refused")
     pipe = ops.ledger.client.pipeline(transaction=False)
     for n in range(1500):  # other effects' actions, all newer than this one's
@@ -175,7 +164,7 @@ def test_recheck_paging_trail_and_search_hold_on_a_cluster_too(
 ) -> None:
     ledger = fresh_ledger(ledger_server.url)
     ops = Operator(ledger, {"charge": dataclasses.replace(CHARGE, lookup=_Lookup())})
-    keys = {_unknown(ledger) for _ in range(5)}
+    keys = {unknown_charge(ledger) for _ in range(5)}
     seen: list[str] = []
     cursor: str | None = None
     while True:

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from dedupe import ConflictError, State
-from tests.support.ledgers import charge, poll
+from tests.support.ledgers import unknown_charge
 from workers import runtime
 from workers.dev.local import LocalStack
 
@@ -48,21 +48,9 @@ def commands() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return eq, cluster
 
 
-def _unknown_charge() -> str:
-    ledger = runtime.ledger()
-    effect = charge()
-    ledger.claim(effect, lease_s=0.01, holder="w/1")
-    takeover = poll(
-        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
-    )
-    assert takeover is not None
-    ledger.mark_unknown(effect.key, takeover.token, reason="lookup unavailable 5 times")
-    return effect.key
-
-
 def test_every_runbook_command_runs_without_a_usage_error(live: LocalStack) -> None:
     eq, cluster = commands()
-    key = _unknown_charge()
+    key = unknown_charge(runtime.ledger())
     # A dead letter as the worker's middleware records one (its reason text included).
     conflict = ConflictError("charge: bound fields differ from the recorded effect (DONE)")
     runtime.current().record_dead_letter(

@@ -26,6 +26,19 @@ def charge(scope: str | None = None, amount: str = "10.00", customer: str = "cus
     return derive(CHARGE, scope, {"customer": customer, "amount": amount, "currency": "usd"})
 
 
+def unknown_charge(ledger: Ledger) -> str:
+    """The key of a charge left UNKNOWN as a reconciler whose lookups failed leaves it: its
+    claim's lease lapses at once, a reconciler takes it over and marks it."""
+    effect = charge()
+    ledger.claim(effect, lease_s=0.01, holder="w/1")
+    takeover = poll(
+        lambda: ledger.takeover(effect.key, lease_s=30, holder="r/1"), lambda t: t is not None
+    )
+    assert takeover is not None
+    ledger.mark_unknown(effect.key, takeover.token, reason="lookup unavailable 5 times")
+    return effect.key
+
+
 def fresh_ledger(url: str, **kwargs: Any) -> Ledger:
     """A ledger in its own namespace, so tests sharing one server never see each other."""
     return Ledger.from_url(url, namespace=f"t{uuid.uuid4().hex[:10]}", **kwargs)
