@@ -1,9 +1,12 @@
 """The container image the Helm chart runs, built from the repository's Dockerfile and run
 the way the chart runs it: uid 10001, a read-only root filesystem, /tmp and the metrics
 directory as tmpfs. The base is Debian bookworm made here (mmdebstrap + podman import: no
-registry is needed), so the Dockerfile is built with ``--build-arg BASE=…``.
+registry is needed), reproducibly, and checked against its pinned SHA-256 (``BASE_SHA256``,
+docs/release.md), so the Dockerfile is built with ``--build-arg BASE=…`` and the
+repository's version (``--build-arg VERSION=…``, setuptools-scm).
 
-In the image: ``effectq --version``; then ``effectq worker`` and ``effectq reconciler``
+In the image: ``effectq --version`` (the repository's version, as ``effectq_build_info``
+on both metrics endpoints below); then ``effectq worker`` and ``effectq reconciler``
 (host network) against a redis-server and the sandbox provider this test started, until
 real effects are DONE — submitted ones by the worker pool, claims whose holder "died" by the
 reconciler, found at the provider —, each executed once; then SIGTERM drains the pool with
