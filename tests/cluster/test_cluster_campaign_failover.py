@@ -30,22 +30,15 @@ from workers.dev.local import LocalStack
 from workers.dev.redis_server import RedisServer, default_redis_binary
 from workers.examples import send_email
 
+# Every test starts and ends on a whole, healthy cluster (tests/cluster/conftest.py).
+pytestmark = pytest.mark.usefixtures("healthy")
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("campaign-failover")
     with local_cluster(default_redis_binary(), root, replicas=True) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def healthy(cluster: LocalCluster) -> Iterator[None]:
-    """Every test starts and ends on a whole, healthy cluster (a killed node rejoins)."""
-    yield
-    for node in cluster.nodes:
-        if not node.running:
-            node.start()
-    cluster.wait_ok()
 
 
 def _plan(campaign_id: str) -> CampaignPlan:
@@ -70,16 +63,6 @@ def test_the_campaign_store_rides_out_a_master_sigkill(cluster: LocalCluster) ->
     assert store.plan_keys(plan) == set(rows)
     store.mark_sent(plan.campaign_id, 1, rows, ttl_s=600)
     assert store.sent_count(plan.campaign_id, 1) == 50
-
-
-@pytest.fixture
-def proxies(cluster: LocalCluster) -> Iterator[dict[int, ReplyLosingProxy]]:
-    made = {node.port: ReplyLosingProxy(node.port) for node in cluster.nodes}
-    try:
-        yield made
-    finally:
-        for proxy in made.values():
-            proxy.close()
 
 
 def test_a_staged_batch_whose_reply_is_lost_is_staged_again_with_its_rows_new(

@@ -23,17 +23,6 @@ def cluster(redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield c
 
 
-@pytest.fixture
-def proxies(cluster: LocalCluster) -> Iterator[dict[int, ReplyLosingProxy]]:
-    """One proxy per node; the ledger's client reaches every node through its proxy."""
-    made = {node.port: ReplyLosingProxy(node.port) for node in cluster.nodes}
-    try:
-        yield made
-    finally:
-        for proxy in made.values():
-            proxy.close()
-
-
 def proxied_ledger(cluster: LocalCluster, proxies: dict[int, ReplyLosingProxy]) -> Ledger:
     def remap(address: tuple[str, int]) -> tuple[str, int]:
         host, port = address

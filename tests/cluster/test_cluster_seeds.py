@@ -20,21 +20,14 @@ from tests.support.cluster import LocalCluster, local_cluster
 from tests.support.ledgers import charge, fresh_ledger, poll
 from workers.dev.redis_server import RedisServer
 
+# Every test starts and ends on a whole, healthy cluster (tests/cluster/conftest.py).
+pytestmark = pytest.mark.usefixtures("healthy")
+
 
 @pytest.fixture(scope="module")
 def cluster(redis_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with local_cluster(redis_binary, tmp_path_factory.mktemp("seeds"), replicas=True) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def healthy(cluster: LocalCluster) -> Iterator[None]:
-    """Every test starts and ends on a whole, healthy cluster (a killed node rejoins)."""
-    yield
-    for node in cluster.nodes:
-        if not node.running:
-            node.start()
-    cluster.wait_ok()
 
 
 def spread(n: int = 300) -> list[Effect]:

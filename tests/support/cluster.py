@@ -91,6 +91,13 @@ class LocalCluster:
     def _known(client: redis.Redis) -> dict[str, object]:
         return client.execute_command("CLUSTER NODES")  # type: ignore[no-any-return]
 
+    def heal(self) -> None:
+        """Start every node that is down again and wait until the cluster is whole."""
+        for node in self.nodes:
+            if not node.running:
+                node.start()
+        self.wait_ok()
+
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Every live node sees the cluster up and every replica is in sync."""
 
