@@ -15,14 +15,18 @@ at most once per ``PAUSE_CACHE_S``: a pause holds back every message a worker ta
 then on, within that second; a message already past the gate runs to its end.
 
 Limits are Dramatiq's rate limiters on the ledger's Redis (every process and pod that uses
-the ledger shares them): ``rate`` a ``WindowRateLimiter`` (at most N in each wall-clock
-second, or in any 60 consecutive wall-clock seconds for ``N/m``; the hosts' clocks decide
-which second), ``concurrency`` N mutex slots (``ConcurrentRateLimiter`` of limit 1 each),
-so a slot whose holder was SIGKILLed comes back after its own TTL (the actor's time limit
-plus a minute) — a single shared counter would keep a dead holder's count as long as others
-keep touching it. A slot is held from before the claim until the message is finished; a
-rate token is taken once the slot is, by a message that may still turn out a duplicate
-(counted, never over the limit).
+the ledger shares them). ``rate`` "N/s" or "N/m": a ``WindowRateLimiter`` caps each
+wall-clock second (or any 60 consecutive ones) at N, and a ``BucketRateLimiter`` spaces the
+admissions k per bucket of ceil(window * k / N) ms (5/s: one every 200 ms), so the N of a
+second are not all sent at its start; the hosts' clocks decide the seconds. ``concurrency``
+N: N mutex slots (``ConcurrentRateLimiter`` of limit 1 each), so a slot whose holder was
+SIGKILLed comes back after its own TTL (the actor's time limit plus a minute) — a single
+shared counter would keep a dead holder's count as long as others keep touching it. A
+slot is held from before the claim until the message is finished. A limited message first
+waits in its worker thread up to ``_WAIT_S`` (a slot or a bucket usually frees within it),
+then is held back, a second longer with each deferral. The limits count admissions, just
+before the claim: a message admitted that turns out a duplicate runs nothing (under the
+limit, never over), and one admitted at a second's end may reach the provider in the next.
 
 Whatever fails here (the ledger's Redis down) holds the message back too: the gate fails
 closed (``unavailable``), as the claim would.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import re
 import threading
@@ -44,7 +49,7 @@ import dramatiq
 import redis
 from dramatiq.common import q_name
 from dramatiq.middleware import MiddlewareError, TimeLimit
-from dramatiq.rate_limits import ConcurrentRateLimiter, WindowRateLimiter
+from dramatiq.rate_limits import BucketRateLimiter, ConcurrentRateLimiter, WindowRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
 
 from dedupe import Ledger, OperatorError, SpecError
@@ -80,10 +85,15 @@ MAX_CONCURRENCY = 32
 # A paused message looks again this often (± 20 %): after a resume, everything held back
 # runs within about this long.
 _PAUSED_DELAY_MS = 5_000
-# A limited message waits this long at first, doubling with each deferral up to the cap.
-_LIMITED_DELAY_MS = 250
+# A limited message first waits in its worker thread up to this long for a slot or a token
+# (as Sidekiq Enterprise's limiters do), then is held back: a second more with each
+# deferral, up to the cap.
+_WAIT_S = 1.0
+_LIMITED_DELAY_MS = 1_000
 _LIMITED_CAP_MS = 30_000
 _SLOT_MARGIN_MS = 60_000
+# A rate's admissions are spread over buckets at least this long (k per bucket).
+_MIN_BUCKET_MS = 100
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,15 @@ class Limits:
         ):
             raise SpecError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}")
         return cls(rate=count, window_s=window, concurrency=concurrency)
+
+    def spacing(self) -> tuple[int, int]:
+        """(k, b): admit at most k per b-ms bucket, b = ceil(window * k / rate) and k the
+        fewest that makes b at least ``_MIN_BUCKET_MS`` — so the N of a window are spread
+        over it, not sent at its start."""
+        assert self.rate is not None
+        window_ms = self.window_s * 1000
+        per = max(1, math.ceil(self.rate * _MIN_BUCKET_MS / window_ms))
+        return per, math.ceil(window_ms * per / self.rate)
 
     def as_dict(self) -> dict[str, Any]:
         unit = "s" if self.window_s == 1 else "m"
@@ -270,33 +289,87 @@ class Gate:
         limits: Limits,
         deferrals: int,
     ) -> None:
+        """Take a concurrency slot and a rate token, waiting in this thread up to
+        ``_WAIT_S`` for them (a limit is usually free again within a bucket or a call), then
+        hold the message back."""
         ledger = self._ledger()
         tag = _tag(ledger, message.actor_name)
-        if limits.concurrency is not None:
-            ttl = _time_limit_ms(broker, actor, message) + _SLOT_MARGIN_MS
-            backend = _backend(ledger, tag)
-            slots = list(range(limits.concurrency))
-            start = random.randrange(limits.concurrency)
-            for i in slots[start:] + slots[:start]:
-                slot = ConcurrentRateLimiter(  # type: ignore[no-untyped-call]
-                    backend, f"{tag}:slot:{i}", limit=1, ttl=ttl
-                )
-                # Held across Dramatiq's hooks: entered here, exited by ``release``.
-                holding = slot.acquire(raise_on_failure=False)
-                if holding.__enter__():
-                    self._held.slot = (message.message_id, holding)
-                    break
-                holding.__exit__(None, None, None)
-            else:
-                raise Deferred("concurrency", _backoff(deferrals))
-        if limits.rate is not None:
-            window = WindowRateLimiter(  # type: ignore[no-untyped-call]
-                _backend(ledger, tag), f"{tag}:rate", limit=limits.rate, window=limits.window_s
+        backend = _backend(ledger, tag)
+        deadline = time.monotonic() + _WAIT_S
+        while True:
+            cause, pause_s = self._try(broker, actor, message, limits, backend, tag)
+            if cause is None:
+                return
+            if time.monotonic() + pause_s > deadline:
+                raise Deferred(cause, _backoff(deferrals))
+            time.sleep(pause_s)
+
+    def _try(
+        self,
+        broker: dramatiq.Broker,
+        actor: dramatiq.Actor[..., Any],
+        message: dramatiq.MessageProxy,
+        limits: Limits,
+        backend: RedisBackend,
+        tag: str,
+    ) -> tuple[str | None, float]:
+        """(None, 0) once admitted; else the limit that refused and how long to wait before
+        asking again."""
+        if limits.concurrency is not None and not self._slot(
+            broker, actor, message, limits.concurrency, backend, tag
+        ):
+            return "concurrency", random.uniform(0.02, 0.08)
+        if limits.rate is None:
+            return None, 0.0
+        per, bucket_ms = limits.spacing()
+        spread = BucketRateLimiter(  # type: ignore[no-untyped-call]
+            backend, f"{tag}:spread", limit=per, bucket=bucket_ms
+        )
+        window = WindowRateLimiter(  # type: ignore[no-untyped-call]
+            backend, f"{tag}:rate", limit=limits.rate, window=limits.window_s
+        )
+        # Both or none: the bucket spaces admissions, the window caps each second (or
+        # minute); a bucket slot taken by a message the window refuses is lost (under the
+        # limit, never over).
+        admitted = False
+        with spread.acquire(raise_on_failure=False) as spaced:
+            if spaced:
+                with window.acquire(raise_on_failure=False) as counted:
+                    admitted = counted
+        if admitted:
+            return None, 0.0
+        self.release(message)
+        # The next bucket, give or take a few ms so that waiters do not ask all at once.
+        until_next_ms = bucket_ms - time.time() * 1000 % bucket_ms
+        return "rate", (until_next_ms + random.uniform(0, 10)) / 1000
+
+    def _slot(
+        self,
+        broker: dramatiq.Broker,
+        actor: dramatiq.Actor[..., Any],
+        message: dramatiq.MessageProxy,
+        concurrency: int,
+        backend: RedisBackend,
+        tag: str,
+    ) -> bool:
+        """Take one of the tool's ``concurrency`` slots for ``message`` (kept until
+        ``release``), trying them from a random one."""
+        held = getattr(self._held, "slot", None)
+        if held is not None and held[0] == message.message_id:
+            return True  # taken on an earlier try of this wait
+        ttl = _time_limit_ms(broker, actor, message) + _SLOT_MARGIN_MS
+        first = random.randrange(concurrency)
+        for i in [*range(first, concurrency), *range(first)]:
+            slot = ConcurrentRateLimiter(  # type: ignore[no-untyped-call]
+                backend, f"{tag}:slot:{i}", limit=1, ttl=ttl
             )
-            with window.acquire(raise_on_failure=False) as admitted:
-                if not admitted:
-                    self.release(message)
-                    raise Deferred("rate", _backoff(deferrals))
+            # Held across Dramatiq's hooks: entered here, exited by ``release``.
+            holding = slot.acquire(raise_on_failure=False)
+            if holding.__enter__():
+                self._held.slot = (message.message_id, holding)
+                return True
+            holding.__exit__(None, None, None)
+        return False
 
     def release(self, message: dramatiq.MessageProxy) -> None:
         """Give back the concurrency slot ``message`` holds, if any (best effort: a slot
@@ -310,7 +383,9 @@ class Gate:
 
 
 def _backoff(deferrals: int) -> int:
-    return _jitter(min(_LIMITED_DELAY_MS * 2 ** min(deferrals, 10), _LIMITED_CAP_MS))
+    """A held-back message's wait: a second more with each deferral (a backlog spreads over
+    the time it needs), up to ``_LIMITED_CAP_MS``, ± 20 %."""
+    return _jitter(min(_LIMITED_DELAY_MS * (deferrals + 1), _LIMITED_CAP_MS))
 
 
 def _time_limit_ms(
