@@ -43,6 +43,19 @@ def test_declared_limits_read_back_as_declared() -> None:
     assert Limits.declare(None, None) is None
 
 
+@pytest.mark.parametrize(
+    ("rate", "spacing"),
+    [("5/s", (1, 200)), ("100/s", (10, 100)), ("1234/s", (124, 101)), ("600/m", (1, 100)),
+     ("1/m", (1, 60_000))],
+)  # fmt: skip
+def test_a_rate_is_spread_over_buckets_never_above_it(rate: str, spacing: tuple[int, int]) -> None:
+    limits = Limits.declare(rate, None)
+    assert limits is not None and limits.rate is not None
+    per, bucket_ms = limits.spacing()
+    assert (per, bucket_ms) == spacing and bucket_ms >= 100
+    assert per * limits.window_s * 1000 / bucket_ms <= limits.rate
+
+
 def test_pause_state_is_kept_in_the_ledger_and_each_change_audited(ledger: Ledger) -> None:
     first = set_paused(ledger, "tool", "charge", pause=True, actor="sre", reason="outage")
     again = set_paused(ledger, "tool", "charge", pause=True, actor="sre", reason="still")
