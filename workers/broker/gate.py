@@ -82,9 +82,11 @@ QUEUE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,63}")
 _RATE = re.compile(r"([1-9][0-9]{0,5})/(s|m)")
 _WINDOW_S = {"s": 1, "m": 60}
 MAX_CONCURRENCY = 32
-# A paused message looks again this often (± 20 %): after a resume, everything held back
-# runs within about this long.
+# A paused message looks again after 5 s, 10 s, ... up to 30 s (± 20 %): a short pause is
+# over for everything within about 5 s of the resume, while a long one over a large backlog
+# costs each held message one delivery per 30 s, not per 5 s.
 _PAUSED_DELAY_MS = 5_000
+_PAUSED_CAP_MS = 30_000
 # A limited message first waits in its worker thread up to this long for a slot or a token
 # (as Sidekiq Enterprise's limiters do), then is held back: a second more with each
 # deferral, up to the cap.
@@ -270,7 +272,8 @@ class Gate:
                 "queue",
                 q_name(message.queue_name),
             ) in targets:
-                raise Deferred("paused", _jitter(_PAUSED_DELAY_MS))
+                delay = min(_PAUSED_DELAY_MS * (deferrals + 1), _PAUSED_CAP_MS)
+                raise Deferred("paused", _jitter(delay))
             limits = actor.options.get(LIMITS_OPTION)
             if isinstance(limits, Limits):
                 self._limit(broker, actor, message, limits, deferrals)

@@ -78,7 +78,7 @@ def resume(
     as_json: Json = False,
 ) -> None:
     """Let a paused tool's (or queue's) messages run again (audited); those held back run
-    within about five seconds."""
+    within 5 to 36 seconds (the longer they were held, the later)."""
     _set(False, tool, queue, actor, reason, as_json)
 
 
