@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 
 from . import lifeline, logs, registry, tracing
@@ -23,7 +24,10 @@ from .settings import Settings
 _parent = multiprocessing.parent_process()
 if _parent is not None and _parent.pid is not None and not lifeline.die_with_parent(_parent.pid):
     sys.stderr.write("effectq: the Dramatiq main process died before this worker booted\n")
-    sys.exit(0)
+    sys.stderr.flush()
+    # Not sys.exit: Dramatiq's boot would then set its boot event, whose notify waits forever
+    # for the dead main process that was waiting on it (a stray that never leaves).
+    os._exit(0)
 
 _settings = Settings()
 logs.setup(_settings)
