@@ -1,6 +1,7 @@
 """Benchmark: the effectq claim ledger against aws-lambda-powertools idempotency on Redis.
 
     python tests/bench/ledger_bench.py [--n N] [--binary system|embedded]
+    python tests/bench/ledger_bench.py --compare REV [REV ...]   # in-situ server time only
 
 One run starts its own durable redis-server (AOF on, ``appendfsync everysec``, automatic AOF
 rewrite off so a rewrite cannot land inside one phase only) in a temp dir and measures, on one
@@ -30,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -372,27 +374,53 @@ def memory_per_record(client: redis.Redis, ledger: Ledger, prefix: str) -> float
     return (after - before) / MEMORY_N
 
 
-def in_situ(client: redis.Redis, ledger: Ledger) -> tuple[float, float]:
-    """Server us per claim + commit and per duplicate claim, run inside one FCALL (the
-    minimum over INSITU_ROUNDS runs of INSITU_N each)."""
-    client.function_load(
-        f"#!lua name=effectq_bench_insitu\n{SOURCE}\n{_INSITU}\n"
-        "redis.register_function('effectq_bench_insitu', insitu)\n",
-        replace=True,
-    )
+def in_situ(
+    client: redis.Redis, ledger: Ledger, sources: Mapping[str, str], rounds: int = INSITU_ROUNDS
+) -> dict[str, tuple[float, float]]:
+    """Server us per claim + commit and per duplicate claim of each ``ledger.lua`` source
+    (name -> text), run inside one FCALL: the minimum over ``rounds`` runs of INSITU_N each,
+    the sources taking turns so that drift hits them alike."""
+    for n, text in enumerate(sources.values()):
+        client.function_load(
+            f"#!lua name=effectq_bench_insitu{n}\n{text}\n{_INSITU}\n"
+            f"redis.register_function('effectq_bench_insitu{n}', insitu)\n",
+            replace=True,
+        )
     effect = derive(SPEC, "insitu", ARGS)
     request, receipt = ledger.request_text(effect), compact(make_receipt(effect.key[:16]))
     fingerprint = bytes.fromhex(effect.fingerprint)
-    runs = [
-        cast(
-            list[str],
-            client.fcall(
-                "effectq_bench_insitu", 0, INSITU_N, f"{r}-", fingerprint, request, receipt
-            ),
-        )
-        for r in range(INSITU_ROUNDS)
-    ]
-    return min(float(a) for a, _ in runs), min(float(b) for _, b in runs)
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sources}
+    for r in range(rounds):
+        for n, name in enumerate(sources):
+            argv = (INSITU_N, f"{n}-{r}-", fingerprint, request, receipt)
+            first, dup = cast(list[str], client.fcall(f"effectq_bench_insitu{n}", 0, *argv))
+            runs[name].append((float(first), float(dup)))
+    return {name: (min(a for a, _ in got), min(b for _, b in got)) for name, got in runs.items()}
+
+
+def compare(binary: str, revisions: list[str]) -> int:
+    """``--compare``: the in-situ figures of this tree's ledger.lua and of each revision's
+    (``git show REV:dedupe/ledger.lua``) on one server, taking turns; one JSON line."""
+    sources = {"this tree": SOURCE}
+    for rev in revisions:
+        sources[rev] = subprocess.run(
+            ["git", "-C", str(_ROOT), "show", f"{rev}:dedupe/ledger.lua"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory(prefix="effectq-bench-") as tmp,
+        RedisServer(binary, Path(tmp), extra_args=REDIS_ARGS) as server,
+    ):
+        client = redis.Redis(host="127.0.0.1", port=server.port, decode_responses=True)
+        figures = in_situ(client, Ledger(client, allow_volatile=False), sources, rounds=16)
+    for name, (first, dup) in figures.items():
+        print(f"{name:<44} claim+commit {first:6.1f} us, duplicate {dup:5.1f} us (in situ, min)")
+    result = {
+        name: {"server_us_in_situ_first": round(a, 1), "server_us_in_situ_dup": round(b, 1)}
+        for name, (a, b) in figures.items()
+    }
+    print(json.dumps({"bench": "ledger_in_situ", "n": INSITU_N, "runs": 16, **result}))
+    return 0
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -414,11 +442,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=20000, help="calls per measured phase")
     parser.add_argument("--binary", choices=("system", "embedded"), default=None)
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="REV",
+        help="only the in-situ server time, of this tree's ledger.lua and of each REV's",
+    )
     opts = parser.parse_args(argv)
     n: int = opts.n
     if n < 1:
         parser.error("--n must be positive")
     binary = pick_binary(opts.binary)
+    if opts.compare:
+        return compare(binary, opts.compare)
 
     with (
         tempfile.TemporaryDirectory(prefix="effectq-bench-") as tmp,
@@ -486,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         pt_bytes = int(cast(int, pt_client.memory_usage(pt_key, samples=0)))
         pt_len = int(pt_client.strlen(pt_key))
         done_growth = memory_per_record(client, ledger, "memory")
-        insitu_first, insitu_dup = in_situ(client, ledger)
+        [(insitu_first, insitu_dup)] = in_situ(client, ledger, {"this tree": SOURCE}).values()
         version = server.version
 
     ef, ed = phases["effectq_first"], phases["effectq_dup"]
