@@ -59,6 +59,8 @@ ACL_RULES = [
     "+sadd", "+scard", "+smismember",
     "+xadd", "+xrevrange", "+scan",
     "+info", "+time", "+ping", "+wait",
+    # The pause state (HDEL on resume) and Dramatiq's rate limiters (workers.broker.gate).
+    "+hdel", "+mget", "+watch", "+unwatch", "+multi", "+exec",
 ]  # fmt: skip
 ACL_LINE = f"ACL SETUSER {USER} " + " ".join(ACL_RULES)
 # The same user as granted before the ledger became a Function: scripts only.
@@ -338,3 +340,28 @@ def test_worker_cli_processes_connect_over_rediss_with_the_acl_user(
 def test_readme_documents_the_acl_line_tested_here() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert ACL_LINE.replace(f">{PASSWORD}", ">PASSWORD") in readme
+
+
+def test_pause_and_limits_work_as_the_acl_user(ledger: Ledger) -> None:
+    """The gate's commands (HDEL for a resume; WATCH, MULTI, EXEC, MGET, UNWATCH for
+    Dramatiq's rate limiters) are in the documented line: without them a limited tool's
+    messages would be held back as 'unavailable' for ever."""
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from workers.broker.gate import LIMITS_OPTION, Gate, Limits, paused, set_paused
+    from workers.broker.middleware import EffectMiddleware
+
+    set_paused(ledger, "tool", "acl_limited", pause=True, actor="sre", reason="r")
+    set_paused(ledger, "tool", "acl_limited", pause=False, actor="sre", reason="r")
+    assert paused(ledger) == {}
+    broker = StubBroker()
+    broker.add_middleware(EffectMiddleware(ledger=lambda: ledger, dead_letter=lambda **_: None))
+    actor = dramatiq.actor(  # type: ignore[call-overload]
+        lambda: None, actor_name="acl_limited", broker=broker, redelivery_is_duplicate=True,
+        **{LIMITS_OPTION: Limits(rate=60, window_s=60, concurrency=1)},
+    )  # fmt: skip
+    gate = Gate(lambda: ledger)
+    proxy = dramatiq.MessageProxy(actor.message())
+    gate.admit(broker, proxy)  # raises Deferred("unavailable") on a refused command
+    gate.release(proxy)
