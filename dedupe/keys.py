@@ -18,6 +18,9 @@ Per namespace (one slot each, outside the buckets):
     <ns>:deadletters           stream: why each message was dead-lettered
     <ns>:<group>               zset:   a reconciler group's members by last beat
     <ns>:layout                the bucket count, as the release before versions wrote it
+    <ns>:paused                hash:   paused tools and queues, and
+    {<ns>:limit:<tool>}:…      a tool's rate and concurrency limiters: both spelled in
+                               ``workers/broker/gate.py`` (the worker path reads them)
     <ns>:campaign:<tag>[:…]    the campaign store's keys (``dedupe/campaigns.py``), and
                                a plan's staging receipt, ``…:staged:{<plan key>}``
 
