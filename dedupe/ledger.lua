@@ -324,12 +324,13 @@ OPS.claim = function()
     -- saved with a TTL (its commit reads the floor and writes nothing to it).
     local token = redis.call('INCR', K[7])
     -- What move('CLAIMED', ...) and encode() make of a fresh record, written directly: the
-    -- first claim of every effect goes without a record table (~6 % of a claim + commit's
+    -- first claim of every effect goes without a record table (~5 % of a claim + commit's
     -- script time, tests/bench/ledger_bench.py in situ).
     if campaign then redis.call('HINCRBY', K[6], campaign .. ':CLAIMED', 1) end
     redis.call('HINCRBY', K[3], 'CLAIMED:' .. tool, 1)
     redis.call('ZADD', K[2], deadline, key)
-    local step = struct.pack(STEP, CODE.CLAIMED, math.min(token, 255), now, 5, 'claim')
+    local note = 'claim'
+    local step = struct.pack(STEP, CODE.CLAIMED, math.min(token, 255), now, #note, note)
     redis.call('SET', K[1], live_blob(CODE.CLAIMED, token, generation, 1, now, fp, deadline, now,
       0, 0, holder, tool, campaign or '', request, '', '', 0, '', 1, step), 'NX')
     return {'acquired', token, generation}
