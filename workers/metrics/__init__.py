@@ -60,6 +60,8 @@ __all__ = [
 LABELS = frozenset(
     {"tool", "outcome", "stage", "op", "resolution", "queue", "state", "reason", "le"}
     | {"version"}  # effectq_build_info (metrics.build): one value per installation
+    | {"cause"}  # effectq_deferred_total: why a message was held back (DEFERRAL_CAUSES)
+    | {"kind", "name"}  # effectq_paused: a declared tool or a pool's queue
 )
 #: Why a message was dead-lettered: the closed set of ``effectq_dead_letters_total``'s
 #: ``reason`` label (the full reason is in the ledger's dead-letter stream).
