@@ -14,15 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from tests.support import limited_tools
-from tests.support.stack import broker_client, wait_for, wait_states
+from tests.support.stack import broker_client, broker_messages, wait_for, wait_states
 from workers import runtime, submit
 from workers.cli import app
 from workers.dev.local import LocalStack
+from workers.dev.ports import free_port
 
 TOOLS = "tests.support.limited_tools"
 
@@ -102,6 +105,45 @@ def test_a_paused_tool_holds_its_messages_until_resume_then_each_runs_once(
         ("resume", "sre", "provider back", "ok: tool charge resumed"),
         ("pause", "sre", "provider outage", "ok: tool charge paused"),
     ]
+
+
+def deferred_paused(port: int) -> float:
+    """``effectq_deferred_total{tool="charge", cause="paused"}`` as the pool serves it."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "effectq_deferred_total"
+        and sample.labels == {"tool": "charge", "cause": "paused"}
+    )
+
+
+def test_a_paused_tool_waits_on_any_broker_counted_in_its_metric(
+    live: LocalStack, own_runtime: None
+) -> None:
+    """Broker-agnostic (tests/rabbitmq runs it on RabbitMQ): the pool's own metric shows
+    every message held back twice while the provider executes nothing."""
+    cli(live, "pause", "--tool", "charge", "--actor", "sre", "--reason", "outage")
+    port = free_port()
+    live.start_workers(1, 4, EFFECTQ_TOOLS=TOOLS, EFFECTQ_METRICS_PORT=str(port))
+    wait_for(lambda: _serving(port), timeout=30, what="the pool's metrics endpoint")
+    assert deferred_paused(port) == 0  # born at 0
+    keys = _submit_charges(3, "any-broker")
+    wait_for(lambda: deferred_paused(port) >= 6, timeout=60, what="each held back twice")
+    assert live.stats()["total"] == 0
+    assert all(runtime.ledger().get(k) is None for k in keys)
+    assert broker_messages(live)["dead"] == 0
+    cli(live, "resume", "--tool", "charge", "--actor", "sre", "--reason", "back")
+    wait_states(runtime.ledger(), keys, timeout=90)
+    assert sorted(live.stats()["executions"].values()) == [1, 1, 1]
+
+
+def _serving(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_a_paused_queue_holds_every_tool_on_it_until_resume(
