@@ -107,16 +107,20 @@ def test_a_paused_tool_holds_its_messages_until_resume_then_each_runs_once(
     ]
 
 
-def deferred_paused(port: int) -> float:
-    """``effectq_deferred_total{tool="charge", cause="paused"}`` as the pool serves it."""
+def _deferred(port: int, tool: str, cause: str) -> float:
+    """``effectq_deferred_total{tool, cause}`` as the pool serves it."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
         if sample.name == "effectq_deferred_total"
-        and sample.labels == {"tool": "charge", "cause": "paused"}
+        and sample.labels == {"tool": tool, "cause": cause}
     )
+
+
+def deferred_paused(port: int) -> float:
+    return _deferred(port, "charge", "paused")
 
 
 def test_a_paused_tool_waits_on_any_broker_counted_in_its_metric(
@@ -236,3 +240,30 @@ def test_a_bad_pause_exits_2_in_one_line_that_never_echoes_the_value(
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Sec" not in result.stderr and "secret" not in result.stderr, result.stderr
     assert redis.Redis.from_url(live.ledger_url).hlen("effectq:paused") == 0
+
+
+def test_a_slot_whose_holder_was_sigkilled_expires_by_itself(
+    live: LocalStack, own_runtime: None
+) -> None:
+    """A worker SIGKILLed inside a call never gives its concurrency slot back; the slot is a
+    key of its own with a TTL of the tool's time limit plus a minute (2 s + 60 s here), so
+    it frees itself — a shared counter touched by every later call would not."""
+    pool = live.start_workers(1, 2, EFFECTQ_TOOLS=TOOLS, EFFECTQ_FAILPOINTS="before_effect=kill")
+    submit("single_set", scope="killed", target="t-killed")
+    client = redis.Redis.from_url(live.ledger_url, decode_responses=True)
+    slot = "{effectq:limit:single_set}:slot:0"
+    wait_for(lambda: pool.poll() is not None or client.get(slot) == "1", timeout=30,
+             what="the slot taken")  # fmt: skip
+    live.stop_processes()  # the killed child's pool, and any restarted child
+    assert client.get(slot) == "1"  # never given back
+    left_ms = client.pttl(slot)
+    assert 0 < left_ms <= 62_000
+    # Meanwhile another call of the tool waits for it: held back, not run, not dead.
+    port = free_port()
+    live.start_workers(1, 2, EFFECTQ_TOOLS=TOOLS, EFFECTQ_METRICS_PORT=str(port))
+    other = submit("single_set", scope="waiting", target="t-waiting").key
+    wait_for(lambda: _serving(port) and _deferred(port, "single_set", "concurrency") >= 1,
+             timeout=30, what="held back by the dead holder's slot")  # fmt: skip
+    assert runtime.ledger().get(other) is None
+    assert live.stats()["total"] == 0
+    assert 0 < client.pttl(slot) < left_ms  # the waiters' tries do not extend it

@@ -28,3 +28,8 @@ def narrow_set(call: EffectCall, target: str) -> ToolResult:
     with open(os.environ["EFFECTQ_TEST_SPANS"], "a", encoding="utf-8") as spans:
         spans.write(f"{started} {time.time()}\n")
     return result
+
+
+@effect_tool(identity=("target",), bound=("target",), concurrency=1, time_limit=2_000)
+def single_set(call: EffectCall, target: str) -> ToolResult:
+    return post_effect(call, {"target": target})
