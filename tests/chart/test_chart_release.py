@@ -104,3 +104,14 @@ def test_the_chart_holds_no_symlink_and_the_dashboard_is_its_own_file() -> None:
     assert dashboard.is_file() and not dashboard.is_symlink()
     # Setups without Helm read deploy/grafana/effectq.json: the same bytes.
     assert (ROOT / "deploy" / "grafana" / "effectq.json").read_bytes() == dashboard.read_bytes()
+
+
+def test_the_release_command_refuses_anything_but_a_plain_release_version() -> None:
+    before = (CHART / "Chart.yaml").read_text()
+    for version in ("0.3", "v0.3.0", "0.3.0+local", "0.3.0rc1", "01.2.3"):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.chart.release", version],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2 and "X.Y.Z" in done.stderr, (version, done)
+    assert (CHART / "Chart.yaml").read_text() == before  # nothing stamped
