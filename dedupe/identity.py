@@ -324,6 +324,8 @@ class _Template:
 
     def effect(self, spec: ToolSpec, field: str, value: Any) -> Effect | None:
         """The effect for ``value``, or None: derive decides (and words any refusal)."""
+        if value is None:  # missing, to derive, whatever a user's normalizer makes of it
+            return None
         try:
             submitted, form = _forms(spec, field, value)
         except Exception:  # derive raises it, worded as always
