@@ -71,7 +71,7 @@ __all__ = [
 
 #: The actor option carrying a tool's declared ``Limits``.
 LIMITS_OPTION = "effectq_limits"
-#: The message option counting its deferrals (the backoff of a limited message).
+#: The message option counting how often it was held back (its next wait grows with it).
 DEFERRALS = "effectq_deferrals"
 #: How long a worker process trusts its last read of the pause state.
 PAUSE_CACHE_S = 1.0
@@ -93,6 +93,9 @@ _PAUSED_CAP_MS = 30_000
 _WAIT_S = 1.0
 _LIMITED_DELAY_MS = 1_000
 _LIMITED_CAP_MS = 30_000
+# A concurrency slot's TTL is its tool's time limit plus this: Dramatiq interrupts a call at
+# its time limit only when it runs Python again (not inside a blocking read), so the margin
+# keeps a slow holder's slot; a SIGKILLed holder's slot frees itself after it.
 _SLOT_MARGIN_MS = 60_000
 # A rate's admissions are spread over buckets at least this long (k per bucket).
 _MIN_BUCKET_MS = 100
