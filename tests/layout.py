@@ -42,7 +42,9 @@ def floor(module: str) -> str:
         return "workers/dev"
     if module in _SVC or module.startswith("workers.campaigns."):
         return "workers/svc"
-    if module in _FACE or module.startswith(("workers.api", "workers.agents", "workers.cli")):
+    if module in _FACE or module.startswith(
+        ("workers.verbs.", "workers.api", "workers.agents", "workers.cli")
+    ):
         return "workers/face"
     return "workers/core"
 
