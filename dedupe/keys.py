@@ -18,9 +18,9 @@ Per namespace (one slot each, outside the buckets):
     <ns>:deadletters           stream: why each message was dead-lettered
     <ns>:<group>               zset:   a reconciler group's members by last beat
     <ns>:layout                the bucket count, as the release before versions wrote it
-    <ns>:paused                hash:   paused tools and queues, and
-    {<ns>:limit:<tool>}:…      a tool's rate and concurrency limiters: both spelled in
-                               ``workers/broker/gate.py`` (the worker path reads them)
+    <ns>:paused                hash:   paused tools and queues (``workers/broker/gate.py``)
+    {<ns>:limit:<tool>}:…      a tool's rate and concurrency limiters, spelled in
+                               ``workers/broker/gate.py`` (Dramatiq's limiters name them)
     <ns>:campaign:<tag>[:…]    the campaign store's keys (``dedupe/campaigns.py``), and
                                a plan's staging receipt, ``…:staged:{<plan key>}``
 
@@ -112,6 +112,11 @@ class KeySpace:
     def group(self, name: str) -> str:
         """A reconciler group's membership (a sorted set)."""
         return f"{self.namespace}:{name}"
+
+    @property
+    def paused(self) -> str:
+        """The paused tools and queues (a hash: ``tool:<name>`` / ``queue:<name>`` -> note)."""
+        return f"{self.namespace}:paused"
 
     @property
     def legacy_layout(self) -> str:

@@ -162,14 +162,10 @@ class Deferred(dramatiq.Retry, MiddlewareError):
 # -- the pause state ------------------------------------------------------------------------
 
 
-def _paused_key(ledger: Ledger) -> str:
-    return f"{ledger.keyspace.namespace}:paused"
-
-
 def paused(ledger: Ledger) -> dict[tuple[str, str], dict[str, Any]]:
     """Every paused tool and queue: (kind, name) → who paused it, why, when (ledger ms)."""
     with ledger.guard():
-        raw: dict[str, str] = ledger.client.hgetall(_paused_key(ledger))  # type: ignore[assignment]
+        raw: dict[str, str] = ledger.client.hgetall(ledger.keyspace.paused)  # type: ignore[assignment]
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for field, value in raw.items():
         kind, _, name = _text(field).partition(":")
@@ -206,9 +202,9 @@ def set_paused(
     with ledger.guard():
         if pause:
             note = json.dumps({"actor": actor, "reason": reason, "at_ms": now_ms})
-            changed = bool(ledger.client.hset(_paused_key(ledger), field, note))
+            changed = bool(ledger.client.hset(ledger.keyspace.paused, field, note))
         else:
-            changed = bool(ledger.client.hdel(_paused_key(ledger), field))
+            changed = bool(ledger.client.hdel(ledger.keyspace.paused, field))
     state = "paused" if pause else "resumed"
     outcome = f"ok: {kind} {name} {state}" if changed else f"ok: {kind} {name} was {state} already"
     ledger.audit(action=action, key="", actor=actor, reason=reason, outcome=outcome)
