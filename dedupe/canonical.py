@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 import rfc8785
 
 from .errors import CanonicalizationError, ValueTooLargeError
 
-__all__ = ["MAX_CANONICAL_BYTES", "MAX_DEPTH", "MAX_JSON_INT", "canonical_bytes", "nfc_deep"]
+__all__ = [
+    "MAX_CANONICAL_BYTES", "MAX_DEPTH", "MAX_JSON_INT", "canonical_bytes", "leaf_text", "nfc_deep",
+]  # fmt: skip
 
 MAX_DEPTH = 32
 MAX_CANONICAL_BYTES = 64 * 1024
@@ -131,6 +134,26 @@ def _nfc(value: Any, path: _Path, depth: int, plain: list[bool]) -> Any:
             out[nk] = v if flat and _is_leaf(v) else _nfc(v, (path, nk), depth + 1, plain)
         return out
     raise _refuse(path, f"{type(value).__name__} is not a JSON value")
+
+
+# The standard library encoder's own spelling of a string (``ensure_ascii=False``).
+_JSON_STRING: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def leaf_text(value: Any) -> str | None:
+    """The canonical JSON of a leaf that ``canonical_bytes`` keeps as it is and spells with
+    the standard library (an ASCII string, an integer within ±(2**53 - 1), a bool, None),
+    in the same characters; None for anything else. A caller that builds an object's
+    canonical form from its members' (in RFC 8785's key order) saves the walk and the
+    encoder; tests/unit/test_canonical_fast_path.py holds it to ``rfc8785``."""
+    kind = type(value)
+    if kind is str:
+        return _JSON_STRING(value) if value.isascii() else None
+    if kind is int:
+        return int.__repr__(value) if -MAX_JSON_INT <= value <= MAX_JSON_INT else None
+    if kind is bool:
+        return "true" if value else "false"
+    return "null" if value is None else None
 
 
 def canonical_bytes(value: Any, *, field: str = "$", limit: int = MAX_CANONICAL_BYTES) -> bytes:

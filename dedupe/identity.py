@@ -34,11 +34,12 @@ import hashlib
 import json
 import re
 import unicodedata
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import canonical_bytes, nfc_deep
+from .canonical import canonical_bytes, leaf_text, nfc_deep
 from .errors import (
     CanonicalizationError,
     IdentityError,
@@ -47,7 +48,7 @@ from .errors import (
     MissingFieldError,
     SpecError,
 )
-from .normalize import INVISIBLE, FieldNormalizer, visible
+from .normalize import INVISIBLE, FieldNormalizer, Normalizer, visible
 from .spec import ToolSpec
 
 __all__ = [
@@ -97,27 +98,101 @@ def _names(names: list[str]) -> str:
     return ", ".join([*map(repr, shown), *([f"{hidden} unnamed"] if hidden else [])])
 
 
-def _forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
+class _Plan:
+    """What ``derive`` reads from one spec on every call, read once per spec object (a spec
+    is frozen): its fields, resolved normalizers, and the fixed parts of the canonical
+    identity and bound forms. ``target`` and ``bound`` are None where a field name is not
+    ASCII (RFC 8785 orders such keys otherwise than Python does); ``canonical_bytes`` then
+    spells every call."""
+
+    __slots__ = ("bound", "bound_tail", "fields", "free", "heads", "identity", "normalizers",
+                 "required", "spec", "tail", "target")  # fmt: skip
+
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = weakref.ref(spec)
+        self.fields = spec.fields
+        self.identity = frozenset(spec.identity)
+        self.required = (*spec.identity, *spec.bound)
+        self.free = spec.free
+        self.normalizers = {name: spec.normalizer(name) for name in self.fields}
+        tool = _JSON_STRING(spec.name)
+        # The canonical forms' members in RFC 8785's order: action, scope, target, tool, v
+        # (identity) and bound, tool (fingerprint); each field's name spelled once.
+        self.heads = {a: f'{{"action":{_JSON_STRING(a)},"scope":' for a in spec.actions}
+        self.tail = f'}},"tool":{tool},"v":{_VERSION}}}'
+        self.bound_tail = f'}},"tool":{tool}}}'
+        self.target = _members(spec.identity)
+        self.bound = _members(spec.bound)
+
+    def identity_text(self, action: str, scope: str, norm: Mapping[str, Any]) -> str | None:
+        """The canonical identity form where every part is a leaf ``leaf_text`` spells."""
+        scope_text = leaf_text(scope)
+        if self.target is None or scope_text is None:
+            return None
+        target = _object_text(self.target, norm)
+        if target is None:
+            return None
+        return f'{self.heads[action]}{scope_text},"target":{{{target}{self.tail}'
+
+    def bound_text(self, norm: Mapping[str, Any]) -> str | None:
+        """The canonical bound form (what the fingerprint hashes), likewise."""
+        if self.bound is None:
+            return None
+        members = _object_text(self.bound, norm)
+        return None if members is None else f'{{"bound":{{{members}{self.bound_tail}'
+
+
+def _members(names: tuple[str, ...]) -> tuple[tuple[str, str], ...] | None:
+    """(name, its JSON and a colon) for an object of these keys, sorted; None unless every
+    name is an ASCII string (code point order is then RFC 8785's UTF-16 order)."""
+    unique = set(names)
+    if not all(type(n) is str and n.isascii() for n in unique):
+        return None
+    return tuple((n, f"{_JSON_STRING(n)}:") for n in sorted(unique))
+
+
+def _object_text(members: tuple[tuple[str, str], ...], norm: Mapping[str, Any]) -> str | None:
+    parts = []
+    for name, head in members:
+        text = leaf_text(norm[name])
+        if text is None:
+            return None
+        parts.append(head + text)
+    return ",".join(parts)
+
+
+# Plans by spec object; an entry leaves with its spec (a ToolSpec is not hashable: it holds
+# a dict of normalizers).
+_PLANS: dict[int, _Plan] = {}
+
+
+def _plan(spec: ToolSpec) -> _Plan:
+    plan = _PLANS.get(id(spec))
+    if plan is None or plan.spec() is not spec:
+        plan = _PLANS[id(spec)] = _Plan(spec)
+        weakref.finalize(spec, _PLANS.pop, id(spec), None)
+    return plan
+
+
+def _forms(spec: ToolSpec, plan: _Plan, name: str, value: Any) -> tuple[Any, Any]:
     """(as submitted, key form) of one argument; see ``dedupe.normalize``."""
-    submitted, form = _field_forms(spec, name, value)
-    if name in spec.identity and not _visible_deep(form):
+    submitted, form = _field_forms(spec, name, value, plan.normalizers[name])
+    if name in plan.identity and not _visible_deep(form):
         raise InvisibleCharacterError(
             f"{spec.name}.{name}: {INVISIBLE}", tool=spec.name, field=name
         )
     return submitted, form
 
 
-def _field_forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
-    fn = spec.normalizer(name)
-    field = f"{spec.name}.{name}"
+def _field_forms(spec: ToolSpec, name: str, value: Any, fn: Normalizer | None) -> tuple[Any, Any]:
     try:
         if isinstance(fn, FieldNormalizer):
-            submitted = fn.submitted(value)
-            return submitted, fn.key(submitted)
-        submitted = nfc_deep(value, field=field)
+            return fn.forms(value)
+        submitted = nfc_deep(value, field=f"{spec.name}.{name}")
     except IdentityError as exc:
         # A built-in's message says what is wrong without the value: keep it, by field
         # (``nfc_deep`` already names the field, or a path inside it).
+        field = f"{spec.name}.{name}"
         message = exc.message if exc.message.startswith(field) else f"{field}: {exc.message}"
         raise type(exc)(message, tool=spec.name, field=name) from None
     if fn is None:
@@ -129,7 +204,7 @@ def _field_forms(spec: ToolSpec, name: str, value: Any) -> tuple[Any, Any]:
         return submitted, fn(submitted)
     except IdentityError as exc:
         reason = f"refused by the field's normalizer ({type(exc).__name__})"
-        raise type(exc)(f"{field}: {reason}", tool=spec.name, field=name) from None
+        raise type(exc)(f"{spec.name}.{name}: {reason}", tool=spec.name, field=name) from None
 
 
 def _visible_deep(value: Any) -> bool:
@@ -146,37 +221,39 @@ def _visible_deep(value: Any) -> bool:
     return True
 
 
-def _normalized(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    _check_names(spec, args)
-    return _all_forms(spec, args)
-
-
-def _check_names(spec: ToolSpec, args: Mapping[str, Any]) -> None:
+def _check_names(spec: ToolSpec, plan: _Plan, args: Mapping[str, Any]) -> None:
     if not isinstance(args, Mapping):
         raise CanonicalizationError(f"{spec.name}: arguments must be an object", tool=spec.name)
-    if not all(isinstance(name, str) for name in args):
-        raise CanonicalizationError(f"{spec.name}: argument names must be strings", tool=spec.name)
-    if undeclared := sorted(set(args) - spec.fields):
+    for name in args:
+        if not isinstance(name, str):
+            raise CanonicalizationError(
+                f"{spec.name}: argument names must be strings", tool=spec.name
+            )
+    if not plan.fields.issuperset(args):
+        undeclared = sorted(set(args) - plan.fields)
         raise MissingFieldError(
             f"{spec.name}: undeclared arguments {_names(undeclared)}",
             tool=spec.name,
             fields=[n for n in undeclared if _ARG_NAME.fullmatch(n)],
         )
-    required = (*spec.identity, *spec.bound)
-    if missing := sorted({f for f in required if f not in args or args[f] is None}):
-        raise MissingFieldError(
-            f"{spec.name}: missing identity/bound arguments {missing}",
-            tool=spec.name,
-            fields=missing,
-        )
+    for field in plan.required:
+        if field not in args or args[field] is None:
+            missing = sorted({f for f in plan.required if f not in args or args[f] is None})
+            raise MissingFieldError(
+                f"{spec.name}: missing identity/bound arguments {missing}",
+                tool=spec.name,
+                fields=missing,
+            )
 
 
-def _all_forms(spec: ToolSpec, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _all_forms(
+    spec: ToolSpec, plan: _Plan, args: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     submitted: dict[str, Any] = {}
     normalized: dict[str, Any] = {}
     for name, value in args.items():
         try:
-            submitted[name], normalized[name] = _forms(spec, name, value)
+            submitted[name], normalized[name] = _forms(spec, plan, name, value)
         except IdentityError:
             raise
         except Exception as exc:  # a decimal signal, a str(int) limit, a user's normalizer
@@ -209,7 +286,9 @@ def normalize_scope(scope: object, what: str = "scope") -> str:
         raise MissingFieldError(f"{what} must be a non-empty string")
     if len(scope) > MAX_SCOPE_CHARS:
         raise CanonicalizationError(f"{what} is longer than {MAX_SCOPE_CHARS} characters")
-    out = unicodedata.normalize("NFC", scope.strip())
+    out = scope.strip()
+    if not out.isascii():  # ASCII text is its own NFC
+        out = unicodedata.normalize("NFC", out)
     if not visible(out):
         raise InvisibleCharacterError(f"{what} {INVISIBLE}")
     return out
@@ -229,13 +308,29 @@ def derive(
 ) -> Effect:
     """Derive the effect of calling ``spec`` for ``scope`` with ``args`` (and one of the
     tool's declared actions; its default when None). Raises an IdentityError, no other."""
+    plan = _plan(spec)
     scope, action = _scope_and_action(spec, scope, action)
-    args, norm = _normalized(spec, args)
-    identity = _identity(spec, action, scope, norm)
-    key = _sha256(canonical_bytes(identity, field=f"{spec.name}.identity", limit=_IDENTITY_LIMIT))
-    fingerprint = _sha256(canonical_bytes(_bound(spec, norm), field=f"{spec.name}.bound"))
+    _check_names(spec, plan, args)
+    args, norm = _all_forms(spec, plan, args)
+    # The canonical forms spelled from their leaves where each is one (an ASCII string, an
+    # exact integer, ...: canonical_bytes' own spelling of them, tests/unit/
+    # test_derive_reference.py), through canonical_bytes otherwise (and over the bound:
+    # its error).
+    text = plan.identity_text(action, scope, norm)
+    if text is not None and len(text) <= _IDENTITY_LIMIT:
+        key = _sha256(text.encode())
+    else:
+        identity = _identity(spec, action, scope, norm)
+        key = _sha256(
+            canonical_bytes(identity, field=f"{spec.name}.identity", limit=_IDENTITY_LIMIT)
+        )
+    text = plan.bound_text(norm)
+    if text is not None:
+        fingerprint = _sha256(text.encode())
+    else:
+        fingerprint = _sha256(canonical_bytes(_bound(spec, norm), field=f"{spec.name}.bound"))
     # Free content must still be JSON: it travels in the message and the stored request.
-    if free := {f: args[f] for f in spec.free if f in args}:
+    if plan.free and (free := {f: args[f] for f in plan.free if f in args}):
         canonical_bytes(free, field=f"{spec.name}.free")
     return Effect(spec.name, action, scope, key, fingerprint, args, norm)
 
@@ -308,8 +403,9 @@ class _Template:
         if field not in spec.identity or field in shared:
             return None
         # derive's checks (with the field present) and the forms of the shared part.
-        _check_names(spec, {**shared, field: _PLACEHOLDER})
-        args, norm = _all_forms(spec, shared)
+        plan = _plan(spec)
+        _check_names(spec, plan, {**shared, field: _PLACEHOLDER})
+        args, norm = _all_forms(spec, plan, shared)
         if free := {f: args[f] for f in spec.free if f in args}:
             canonical_bytes(free, field=f"{spec.name}.free")
         marked = {**norm, field: _PLACEHOLDER}
@@ -327,7 +423,7 @@ class _Template:
         if value is None:  # missing, to derive, whatever a user's normalizer makes of it
             return None
         try:
-            submitted, form = _forms(spec, field, value)
+            submitted, form = _forms(spec, _plan(spec), field, value)
         except Exception:  # derive raises it, worded as always
             return None
         if type(form) is not str or not form.isascii():

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -73,17 +73,29 @@ JSON_SAFE_INT = 2**53 - 1  # I-JSON: integers beyond this have no exact JSON num
 
 @dataclass(frozen=True)
 class FieldNormalizer:
-    """A built-in normalizer: the key form and the form the tool receives (see above)."""
+    """A built-in normalizer: the key form and the form the tool receives (see above).
+    ``both``, where given, returns ``(submitted(v), key(submitted(v)))`` in one pass (the
+    key form then need not read the submitted form again), raising what they raise."""
 
     name: str
     key: Normalizer
     submitted: Normalizer
+    both: Callable[[Any], tuple[Any, Any]] | None = field(default=None, compare=False)
 
     def __call__(self, value: Any) -> Any:
         return self.key(value)
 
+    def forms(self, value: Any) -> tuple[Any, Any]:
+        """(the form the tool receives, the key form): what derive takes of an argument."""
+        if self.both is not None:
+            return self.both(value)
+        submitted = self.submitted(value)
+        return submitted, self.key(submitted)
+
 
 def _text(value: Any) -> str:
+    if type(value) is str and value.isascii():  # NFC and valid as it is
+        return value
     if not isinstance(value, str):
         raise CanonicalizationError(f"expected a string, got {type(value).__name__}")
     try:
@@ -273,6 +285,15 @@ def _identifier(value: Any) -> str:
     return str(_id_submitted(value))
 
 
+def _id_forms(value: Any) -> tuple[str | int, str]:
+    submitted = _id_submitted(value)
+    # An integer's key is its digits; an ASCII id, trimmed and visible, is its own key
+    # (``_identifier`` of it reads it back unchanged).
+    if type(submitted) is int or (type(submitted) is str and submitted.isascii()):
+        return submitted, str(submitted)
+    return submitted, _identifier(submitted)
+
+
 _DECIMAL = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?", re.ASCII)
 
 
@@ -333,7 +354,22 @@ def _money_parts(value: str | int | Decimal) -> tuple[bool, str, int]:
 
 def _money(value: Any) -> str:
     """The exact plain decimal string: "10.50", "10.5", "1.05E+1" → "10.5"; 10 → "10"."""
-    negative, digits, exponent = _money_parts(_money_submitted(value))
+    return _money_text(*_money_parts(_money_submitted(value)))
+
+
+def _money_forms(value: Any) -> tuple[str | int, str]:
+    if type(value) is not str:
+        submitted = _money_submitted(value)
+        return submitted, _money(submitted)
+    # A string: its parts read once. What they accept is ASCII, so trimming it again (as
+    # ``_money`` of the submitted form would) changes nothing.
+    if len(value) > MONEY_MAX_CHARS:
+        raise ValueTooLargeError(f"money is over {MONEY_MAX_CHARS} characters")
+    submitted = _strip(value)
+    return submitted, _money_text(*_money_parts(submitted))
+
+
+def _money_text(negative: bool, digits: str, exponent: int) -> str:
     if not digits:
         return "0"
     if exponent >= 0:
@@ -353,8 +389,8 @@ NORMALIZERS: Mapping[str, FieldNormalizer] = {
         FieldNormalizer("casefold", _casefold, _strip),
         FieldNormalizer("upper", _upper, _strip),
         FieldNormalizer("email", _email, _address),
-        FieldNormalizer("id", _identifier, _id_submitted),
-        FieldNormalizer("money", _money, _money_submitted),
+        FieldNormalizer("id", _identifier, _id_submitted, _id_forms),
+        FieldNormalizer("money", _money, _money_submitted, _money_forms),
     )
 }
 

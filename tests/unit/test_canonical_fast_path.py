@@ -13,7 +13,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedupe.canonical import MAX_DEPTH, MAX_JSON_INT, _nfc, canonical_bytes
+from dedupe.canonical import MAX_DEPTH, MAX_JSON_INT, _nfc, canonical_bytes, leaf_text
 from dedupe.errors import CanonicalizationError
 
 # Text of any code point but lone surrogates (not Unicode text: refused before encoding),
@@ -108,3 +108,37 @@ def test_the_depth_bound_refuses_one_level_past_it_whatever_the_leaf(kind: str, 
     with pytest.raises(CanonicalizationError) as caught:
         canonical_bytes(_nested(MAX_DEPTH + 1, kind, leaf))
     assert caught.value.message == f"{where}: nested deeper than {MAX_DEPTH}"
+
+
+class _Str(str):
+    pass
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.one_of(
+        _SCALAR,
+        st.integers(),
+        st.floats(),
+        st.text(st.characters(min_codepoint=0, max_codepoint=127)),
+        st.builds(_Str, _TEXT),
+        st.lists(_SCALAR, max_size=2),
+    ),
+    st.dictionaries(_ASCII_KEY, _SCALAR, max_size=4),
+)
+def test_a_leaf_is_spelled_as_canonical_bytes_and_rfc8785_spell_it(
+    value: Any, members: dict[str, Any]
+) -> None:
+    text = leaf_text(value)
+    if text is None:
+        # Only what canonical_bytes keeps and spells with the standard library is a leaf.
+        assert not (type(value) is str and value.isascii())
+        assert type(value) is not int or abs(value) > MAX_JSON_INT
+        assert value is not None and type(value) is not bool
+        return
+    assert text.encode() == canonical_bytes(value) == rfc8785.dumps(value)
+    # An object of such leaves, its members in sorted key order, is the object's form.
+    spelled = {k: leaf_text(v) for k, v in members.items()}
+    if None not in spelled.values():
+        body = ",".join(f"{leaf_text(k)}:{spelled[k]}" for k in sorted(members))
+        assert f"{{{body}}}".encode() == rfc8785.dumps(members) == canonical_bytes(members)
