@@ -157,8 +157,12 @@ class Connection:
     def _call(self, op: str, key: str, *args: Any, repeat: bool = True) -> list[Any]:
         argv = [op, key, *args]
         try:
-            with self.guard(key, reread=True):
+            try:  # ``guard(key, reread=True)``, without a generator per call
                 return self._send(op, key, argv)
+            except REDIS_ERRORS as exc:
+                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *TOPOLOGY)):
+                    self._reread_slots()
+                raise ledger_error(exc, key=key) from None
         except LedgerUnavailableError as exc:
             # Once more (on the fresh slot map) where that cannot run it twice: the first
             # did not run, or running it again is harmless (_REPEATABLE).

@@ -30,7 +30,7 @@ Per Redis: ``effectq:ledger`` (``SCHEMA_KEY``), the version record: ``format`` a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["FOREIGN_PATTERNS", "SCHEMA_KEY", "SCHEMA_NAMESPACE", "KeySpace", "schema_field"]
 
@@ -54,6 +54,10 @@ class KeySpace:
 
     namespace: str
     buckets: int
+    # A bucket's key names, spelled at its first call (``script_keys``).
+    _named: dict[int, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def bucket_of(self, key: str) -> int:
         return int(key[:8], 16) % self.buckets
@@ -63,16 +67,16 @@ class KeySpace:
 
     def script_keys(self, key: str) -> list[str]:
         """The keys of one ``ledger.lua`` call for effect ``key``, in its KEYS order."""
-        tag = self.tag(self.bucket_of(key))
-        return [
-            f"{tag}:r:{key}",
-            f"{tag}:leases",
-            f"{tag}:stats",
-            f"{tag}:p:{key}",
-            f"{tag}:unknown",
-            f"{tag}:campaigns",
-            f"{tag}:floor",
-        ]
+        bucket = int(key[:8], 16) % self.buckets
+        named = self._named.get(bucket)
+        if named is None:
+            tag = self.tag(bucket)
+            named = self._named[bucket] = (
+                f"{tag}:r:", f"{tag}:leases", f"{tag}:stats", f"{tag}:p:", f"{tag}:unknown",
+                f"{tag}:campaigns", f"{tag}:floor",
+            )  # fmt: skip
+        record, leases, stats, pending, unknown, campaigns, floor = named
+        return [record + key, leases, stats, pending + key, unknown, campaigns, floor]
 
     def pending(self, key: str) -> str:
         """``script_keys(key)[3]`` alone."""

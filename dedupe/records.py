@@ -57,6 +57,20 @@ def _json_or_none(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
+# The enums by value, read from a reply without the Enum call's machinery (a value not
+# here goes through the call, which raises as before).
+_OUTCOMES = {o.value: o for o in ClaimOutcome}
+_STATES = {s.value: s for s in State}
+
+
+def _outcome(value: str) -> ClaimOutcome:
+    return _OUTCOMES.get(value) or ClaimOutcome(value)
+
+
+def _state(value: str) -> State:
+    return _STATES.get(value) or State(value)
+
+
 @dataclass(frozen=True)
 class Claim:
     """The ledger's answer to a claim. ``token`` is the fencing token to write under when
@@ -86,21 +100,21 @@ class Claim:
 
     @classmethod
     def from_reply(cls, key: str, reply: list[Any]) -> Claim:
-        outcome = ClaimOutcome(reply[0])
+        outcome = _outcome(reply[0])
         if outcome is ClaimOutcome.ACQUIRED:
             return cls(outcome, key, int(reply[1]), int(reply[2]), State.CLAIMED)
         if outcome is ClaimOutcome.DUPLICATE:
             receipt = _json_or_none(reply[3])
-            return cls(outcome, key, int(reply[1]), int(reply[2]), State(reply[4]), receipt)
+            return cls(outcome, key, int(reply[1]), int(reply[2]), _state(reply[4]), receipt)
         if outcome is ClaimOutcome.STALE:
-            state = None if reply[1] == "ABSENT" else State(reply[1])
+            state = None if reply[1] == "ABSENT" else _state(reply[1])
             return cls(outcome, key, int(reply[2]), state=state, age_ms=int(reply[3]))
         remaining = reply[3] if len(reply) > 3 else None
         return cls(
             outcome,
             key,
             int(reply[2]),
-            state=State(reply[1]),
+            state=_state(reply[1]),
             remaining_ms=None if remaining is None else int(remaining),
         )
 

@@ -220,8 +220,14 @@ class LedgerScript:
         return run()
 
     def __call__(self, keys: list[str], args: list[Any], *, read_only: bool = False) -> Any:
-        """One call; ``read_only`` for the ops that write nothing (``get``)."""
-        return self.again_if_lost(lambda: self._once(keys, args, read_only))
+        """One call; ``read_only`` for the ops that write nothing (``get``). As
+        ``again_if_lost``, without a closure per call."""
+        try:
+            return self._once(keys, args, read_only)
+        except redis.ResponseError as exc:
+            if not self.recover(exc):
+                raise
+        return self._once(keys, args, read_only)
 
     def many(
         self, calls: list[tuple[list[str], list[Any]]], *, read_only: bool = False

@@ -25,8 +25,13 @@ MAX_TEXT_BYTES = 2**24 - 1
 _NOTE_CHARS = 500  # 500 characters are at most 2,000 bytes
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+# ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)``, its
+# encoder built once rather than per call.
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 class Transitions(Connection):
@@ -46,7 +51,7 @@ class Transitions(Connection):
         return self._bounded("request", request, self.max_request_bytes, effect.key)
 
     def _bounded(self, what: str, text: str, limit: int, key: str) -> str:
-        size = len(text.encode("utf-8"))
+        size = _utf8_size(text)
         if size > limit:
             raise RecordTooLargeError(
                 f"{what} is {size} bytes, over the {limit}-byte bound", key=key, size=size
@@ -58,7 +63,7 @@ class Transitions(Connection):
     ) -> tuple[str, str]:
         """The receipt and raw-response texts to store. When the raw response *is* the
         receipt (it parses to it), it is stored once, as sent; otherwise both, bounded."""
-        if raw is not None and len(raw.encode("utf-8")) <= self.max_receipt_bytes:
+        if raw is not None and _utf8_size(raw) <= self.max_receipt_bytes:
             try:
                 if json.loads(raw) == receipt:
                     return raw, ""
