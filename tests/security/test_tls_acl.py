@@ -53,7 +53,7 @@ ACL_RULES = [
     "on", f">{PASSWORD}", "~effectq:*", "~{effectq:*", "resetchannels", "-@all",
     "+fcall", "+fcall_ro", "+function|list", "+function|load",
     "+evalsha", "+eval", "+script|load", "+script|exists",
-    "+get", "+set", "+del", "+pttl",
+    "+get", "+set", "+del", "+pttl", "+incr",
     "+pexpire", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcount",
     "+hgetall", "+hget", "+hmget", "+hset", "+hsetnx", "+hincrby", "+hkeys", "+hscan",
     "+sadd", "+scard", "+smismember",
@@ -66,6 +66,9 @@ ACL_LINE = f"ACL SETUSER {USER} " + " ".join(ACL_RULES)
 # The same user as granted before the ledger became a Function: scripts only.
 SCRIPTS_USER = "effectq-scripts"
 SCRIPTS_RULES = [rule for rule in ACL_RULES if "fcall" not in rule and "function" not in rule]
+# The same user as the previous release documented it: no INCR (a fresh record's token).
+PREVIOUS_USER = "effectq-previous"
+PREVIOUS_RULES = [rule for rule in ACL_RULES if rule != "+incr"]
 
 
 def _certificates(directory: Path) -> dict[str, Path]:
@@ -179,6 +182,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedisSer
         admin.execute_command(  # type: ignore[no-untyped-call]
             "ACL", "SETUSER", SCRIPTS_USER, *SCRIPTS_RULES
         )
+        admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", PREVIOUS_USER, *PREVIOUS_RULES
+        )
         admin.close()
         yield server
 
@@ -245,6 +251,27 @@ def test_a_user_granted_scripts_but_not_functions_runs_the_ledger_by_evalsha(
     record = ledger.get(effect.key)
     assert record is not None and record.state is State.DONE
     assert not ledger._script.functions
+
+
+def test_a_user_granted_the_previous_releases_acl_still_claims_and_fences(
+    tls_server: TlsRedisServer,
+) -> None:
+    # An upgrade keeps the ACL it had: a fresh record's token comes from GET + SET of the
+    # bucket floor instead of INCR, and a key's tokens still only grow after its record
+    # expired (a stale holder's token never becomes valid again).
+    ledger = Ledger.from_url(tls_server.ledger_url(user=PREVIOUS_USER))
+    effect = charge()
+    first = ledger.claim(effect, lease_s=30, holder="w/1")
+    assert first.outcome is ClaimOutcome.ACQUIRED
+    assert ledger.commit(effect.key, first.token, {"id": "ch_1"}, retention_s=0.05).ok
+    deadline = time.monotonic() + 10
+    while ledger.get(effect.key) is not None:
+        assert time.monotonic() < deadline, "the DONE record never expired"
+        time.sleep(0.02)
+    again = ledger.claim(effect, lease_s=30, holder="w/2")
+    assert again.outcome is ClaimOutcome.ACQUIRED and again.token > first.token
+    assert ledger.commit(effect.key, first.token, {"id": "stale"}, retention_s=60).fenced
+    assert ledger.commit(effect.key, again.token, {"id": "ch_2"}, retention_s=60).ok
 
 
 def test_campaign_store_and_metrics_reads_over_tls(ledger: Ledger) -> None:
