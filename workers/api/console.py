@@ -141,6 +141,21 @@ def _forbidden(request: Request, message: str) -> HTMLResponse:
     return _page(request, "error.html", 403, title="Refused", message=message)
 
 
+async def _operator_form(request: Request) -> tuple[_Session, dict[str, str]] | Response:
+    """An operator action's session and form, or the answer refusing it: the login page
+    without a session, 403 for a form not posted from this session (CSRF) or a token
+    without the 'operate' scope."""
+    session = _session(request)
+    if session is None:
+        return _to_login()
+    form = await _form(request)
+    if form is None or not session.posted(form):
+        return _forbidden(request, "the form's CSRF token does not match your session")
+    if not session.can_operate:
+        return _forbidden(request, "your token lacks the 'operate' scope")
+    return session, form
+
+
 # -- login ------------------------------------------------------------------------------
 
 
@@ -230,14 +245,10 @@ def queue(
 @router.post("/recheck")
 async def recheck(request: Request) -> Response:
     """The bulk re-check: UNKNOWN effects of a tool back to the reconciler (dry run first)."""
-    session = _session(request)
-    if session is None:
-        return _to_login()
-    form = await _form(request)
-    if form is None or not session.posted(form):
-        return _forbidden(request, "the form's CSRF token does not match your session")
-    if not session.can_operate:
-        return _forbidden(request, "your token lacks the 'operate' scope")
+    posted = await _operator_form(request)
+    if isinstance(posted, Response):
+        return posted
+    session, form = posted
 
     def run() -> dict[str, Any]:
         ops = verbs.operator()
@@ -289,14 +300,10 @@ _DEAD_ACTIONS = ("requeue", "purge")
 async def dead_letter_action(request: Request, action: str) -> Response:
     """Requeue or purge dead messages: one (its row's form) or by tool, bounded (the bulk
     form, dry run first); audited under the session's name."""
-    session = _session(request)
-    if session is None:
-        return _to_login()
-    form = await _form(request)
-    if form is None or not session.posted(form):
-        return _forbidden(request, "the form's CSRF token does not match your session")
-    if not session.can_operate:
-        return _forbidden(request, "your token lacks the 'operate' scope")
+    posted = await _operator_form(request)
+    if isinstance(posted, Response):
+        return posted
+    session, form = posted
     if action not in _DEAD_ACTIONS:
         return _page(request, "error.html", 404, title="Not found", message="no such action")
 
@@ -406,14 +413,10 @@ def effect(request: Request, key: str, ok: str | None = None) -> Response:
 
 @router.post("/effects/{key}/{action}")
 async def act(request: Request, key: str, action: str) -> Response:
-    session = _session(request)
-    if session is None:
-        return _to_login()
-    form = await _form(request)
-    if form is None or not session.posted(form):
-        return _forbidden(request, "the form's CSRF token does not match your session")
-    if not session.can_operate:
-        return _forbidden(request, "your token lacks the 'operate' scope")
+    posted = await _operator_form(request)
+    if isinstance(posted, Response):
+        return posted
+    session, form = posted
     if not EFFECT_KEY.fullmatch(key) or action not in _ACTIONS:
         return _page(request, "error.html", 404, title="Not found", message="no such action")
     try:
@@ -496,14 +499,10 @@ def controls(request: Request, ok: Text = "") -> Response:
 
 @router.post("/controls/{action}")
 async def control(request: Request, action: str) -> Response:
-    session = _session(request)
-    if session is None:
-        return _to_login()
-    form = await _form(request)
-    if form is None or not session.posted(form):
-        return _forbidden(request, "the form's CSRF token does not match your session")
-    if not session.can_operate:
-        return _forbidden(request, "your token lacks the 'operate' scope")
+    posted = await _operator_form(request)
+    if isinstance(posted, Response):
+        return posted
+    session, form = posted
     if action not in ("pause", "resume"):
         return _page(request, "error.html", 404, title="Not found", message="no such action")
     verb = verbs.pause if action == "pause" else verbs.resume
