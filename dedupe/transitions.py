@@ -31,7 +31,8 @@ _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys
 
 
 def _utf8_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
+    # Only a str is measured without encoding: anything else fails as it always did.
+    return len(text) if type(text) is str and text.isascii() else len(text.encode("utf-8"))
 
 
 class Transitions(Connection):
