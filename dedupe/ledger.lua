@@ -38,8 +38,11 @@
 --   a ms of the last granted claim (when the effect may first have been sent)
 --   x ms the reconciler first took it over, ra reconciler takeovers (RECONCILING only)
 --   cp campaign tag (a hash of the campaign id) when the effect belongs to a campaign
---   q request (opaque JSON text; kept on every state: replay sends it again from FAILED,
---   and from REVOKED / SUPERSEDED, which only a DONE record becomes)
+--   q request (opaque JSON text): replay sends it again from FAILED. Dropped when the record
+--   settles DONE (commit, resolve_done): a DONE record, and the REVOKED / SUPERSEDED one it
+--   becomes, keeps the fingerprint only, so replay from those takes the call from the
+--   operator and checks it against the key and fingerprint (issue 39: 456 -> 360 B per
+--   DONE record, and no raw arguments kept for the retention)
 --   r receipt (opaque JSON text)   raw provider's raw response when it differs from r
 --   lb the late receipts, ln of them (the last LATE): [token, receipt, ms] each
 --   yb the history, yn steps: [state, token, ms, note] each (the last HISTORY; the last
@@ -423,7 +426,7 @@ OPS.commit = function()
     end
     return fenced('commit')
   end
-  rec.r = receipt
+  rec.r, rec.q = receipt, nil
   if raw ~= '' then rec.raw = raw end
   move('DONE', token, A[7], nil)
   save(retention_ms)
@@ -510,7 +513,7 @@ OPS.operate = function()
     return {'refused', rec.s, rec.t, rec.ln}
   end
   if rule.to == 'DONE' then
-    rec.r = A[6]
+    rec.r, rec.q = A[6], nil
     if A[7] ~= '' then rec.raw = A[7] end
   end
   move(rule.to, rec.t + 1, note, nil)

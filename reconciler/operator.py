@@ -16,7 +16,9 @@ from typing import Any
 
 from dedupe import (
     EffectRecord,
+    IdentityError,
     Ledger,
+    MessageError,
     NotFoundError,
     OperatorError,
     State,
@@ -246,21 +248,24 @@ class Operator:
     def replay(
         self, key: str, *, actor: str, reason: str, enqueue: Callable[[EffectRecord], str]
     ) -> str:
-        """Send the stored request again, only where a claim would be granted; ``enqueue``
-        submits it (the workers' producer) and returns its submit status. Going through
-        submit makes it a submission after the revoke: its message opens generation n+1."""
+        """Send the effect's request again, only where a claim would be granted; ``enqueue``
+        chooses it (the record's stored request, or the call the operator gives where the
+        record keeps none: a DONE record drops it), checks it, submits it (the workers'
+        producer) and returns its submit status, or raises OperatorError, audited as a
+        refusal. Going through submit makes it a submission after the revoke: its message
+        opens generation n+1."""
         check_words(actor, reason)
         record = self.inspect(key)
-        if record.state not in CLAIMABLE or record.request is None:
+        if record.state not in CLAIMABLE:
             message = (
                 f"replay refused: effect is {record.state.value}; only FAILED, REVOKED or "
-                "SUPERSEDED effects with a stored request can be replayed"
+                "SUPERSEDED effects can be replayed"
             )
             self._audit("replay", key, actor, reason, f"refused: {message}")
             raise TransitionRefusedError(message, key=key, state=record.state.value)
         try:
             status = enqueue(record)
-        except OperatorError as exc:
+        except (OperatorError, IdentityError, MessageError) as exc:  # the call given, refused
             self._audit("replay", key, actor, reason, f"refused: {exc.message}")
             raise
         self._audit("replay", key, actor, reason, status)

@@ -26,8 +26,11 @@ from workers.settings import Settings
 RECEIPT = {"id": "eff_by_hand"}
 
 
+CHARGE_ARGS = {"customer": "c1", "amount": "1", "currency": "eur"}
+
+
 def _effect(scope: str) -> Effect:
-    return get_tool("charge").derive(scope, {"customer": "c1", "amount": "1", "currency": "eur"})
+    return get_tool("charge").derive(scope, CHARGE_ARGS)
 
 
 def _done(ledger: Ledger, scope: str = "order-done") -> str:
@@ -76,8 +79,9 @@ ROUTES = {
                     REASON, 200),
     "supersede": Route("POST", "operate",
                        lambda ledger: f"/v1/effects/{_done(ledger)}/supersede", REASON, 200),
+    # A DONE record keeps no request: replay from REVOKED takes the original call.
     "replay": Route("POST", "operate", lambda ledger: f"/v1/effects/{_revoked(ledger)}/replay",
-                    REASON, 200),
+                    {**REASON, "scope": "order-revoked", "args": CHARGE_ARGS}, 200),
 }  # fmt: skip
 # A role without each scope.
 LACKING = {"submit": "dash", "read": "shop", "operate": "dash"}

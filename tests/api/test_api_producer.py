@@ -76,7 +76,10 @@ def test_submit_duplicate_conflict_and_wait_for_the_receipt(
     wait_for(lambda: broker_messages(live) == DRAINED, what="drained")
     charged = poll_json(client, f"/v1/effects/{conflict.json()['key']}",
                         lambda d: d.get("state") == "DONE")  # fmt: skip
-    assert charged["request"]["args"]["amount"] == "10.50"  # the first one won, as submitted
+    # The first one won, as submitted (a DONE record keeps its fingerprint, not its request).
+    first = _charge("10.50")
+    won = get_tool("charge").derive(first["scope"], first["args"]).fingerprint
+    assert charged["fingerprint"] == won and charged["request"] is None
     assert client.post("/v1/tool-calls", json=_charge("11.00")).json()["state"] == "DONE"
     assert live.stats()["executions"] == {key: 1, charged["key"]: 1}
     # The effect document is `effectq inspect --json`, field for field (the record's

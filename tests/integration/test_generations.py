@@ -39,7 +39,11 @@ def test_a_message_queued_before_a_revoke_is_never_executed_after_it(
     assert ledger.counts()[("dup_claim", "charge")] == 1
 
     # A replay made after the revoke is a new submission: it runs once more, generation 1.
-    assert verbs.replay(handle.key, actor="sre", reason="charge again")["status"] == "enqueued"
+    # The DONE record kept no request: the operator gives the call.
+    replayed = verbs.replay(
+        handle.key, actor="sre", reason="charge again", scope="order-revoked", args=ARGS
+    )
+    assert replayed["status"] == "enqueued"
     [again] = wait_states(ledger, [handle.key], timeout=60).values()
     assert again is not None and again.generation == 1
     assert [h.state for h in again.history][-3:] == ["REVOKED", "CLAIMED", "DONE"]
@@ -75,14 +79,14 @@ def test_a_replay_whose_stored_request_no_longer_derives_its_key_is_refused(
 ) -> None:
     tool = get_tool("charge")
     # A record written under a declaration that has since changed: its stored request now
-    # derives another key. Replaying it would run a fresh effect nobody approved.
+    # derives another key. Replaying it would run a fresh effect nobody approved. (A FAILED
+    # record: it keeps its request; a DONE one drops it, test_replay_call.py.)
     real = tool.derive("order-moved", ARGS)
     other = tool.derive("order-elsewhere", ARGS)
     stored = dataclasses.replace(real, key=other.key)
     ledger = runtime.ledger()
     claim = ledger.claim(stored, lease_s=30, holder="test")
-    ledger.commit(other.key, claim.token, {"id": "ch_moved"}, retention_s=3600)
-    verbs.revoke(other.key, actor="sre", reason="refunded")
+    ledger.fail(other.key, claim.token, reason="declined", retention_s=3600)
     with pytest.raises(OperatorError, match="no longer derives this key"):
         verbs.replay(other.key, actor="sre", reason="charge again")
     assert ledger.audit_log()[0]["outcome"].startswith("refused: replay refused")

@@ -65,13 +65,16 @@ def test_large_texts_survive_commit_duplicate_revoke_and_late_receipts(
 
     first = ledger.claim(effect, lease_s=30, holder="w/1")
     assert first.acquired
+    claimed = ledger.get(effect.key)
+    assert claimed is not None
+    assert json.dumps(claimed.request, separators=(",", ":"), sort_keys=True) == request
     receipt, raw = _receipt(size, "rcpt_1"), _raw(1_000 if small else size, "rcpt_1")
     assert ledger.commit(effect.key, first.token, receipt, raw=raw, retention_s=RETENTION_S).ok
 
     record = ledger.get(effect.key)
     assert record is not None and record.state is State.DONE
     assert (record.receipt, record.raw_response) == (receipt, raw)
-    assert json.dumps(record.request, separators=(",", ":"), sort_keys=True) == request
+    assert record.request is None  # a DONE record keeps no request
     # Every later reader of the DONE record: a duplicate claim, a repeated submission.
     duplicate = ledger.claim(effect, lease_s=30, holder="w/2")
     assert (duplicate.outcome, duplicate.receipt) == (ClaimOutcome.DUPLICATE, receipt)

@@ -7,6 +7,7 @@ import pytest
 
 from dedupe import (
     ClaimOutcome,
+    Effect,
     Ledger,
     OperatorError,
     State,
@@ -40,8 +41,8 @@ def _unknown(ledger: Ledger, *, late: bool = False) -> str:
     return effect.key
 
 
-def _done(ledger: Ledger) -> str:
-    effect = charge()
+def _done(ledger: Ledger, effect: Effect | None = None) -> str:
+    effect = effect or charge()
     claim = ledger.claim(effect, lease_s=30, holder="w/1")
     ledger.commit(effect.key, claim.token, RECEIPT, retention_s=RETENTION_S)
     return effect.key
@@ -94,11 +95,11 @@ def test_revoke_and_supersede_only_from_done(ops: Operator) -> None:
     key = _unknown(ops.ledger)
     with pytest.raises(TransitionRefusedError, match="UNKNOWN; resolve it with evidence first"):
         ops.revoke(key, actor="sre", reason="refund")
-    done = _done(ops.ledger)
+    effect = charge()
+    done = _done(ops.ledger, effect)
     assert ops.supersede(done, actor="sre", reason="new terms").state == "SUPERSEDED"
     with pytest.raises(TransitionRefusedError, match="SUPERSEDED; only a DONE effect"):
         ops.revoke(done, actor="sre", reason="again")
-    effect = charge(ops.inspect(done).request["scope"])  # type: ignore[index]
     submitted = ops.ledger.submit(effect, message_id="m-1", pending_s=60)  # after the supersede
     again = ops.ledger.claim(effect, lease_s=30, holder="w", generation=submitted.generation)
     assert again.outcome is ClaimOutcome.ACQUIRED and again.generation == 1

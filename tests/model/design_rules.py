@@ -15,6 +15,8 @@ from typing import Any
 
 FREE = frozenset({"FAILED", "REVOKED", "SUPERSEDED"})  # the states a claim may be granted on
 VOID = frozenset({"REVOKED", "SUPERSEDED"})
+# The states of an effect that happened: DONE and what only a DONE record becomes.
+HAPPENED = frozenset({"DONE", *VOID})
 LEASED = frozenset({"CLAIMED", "RECONCILING"})
 # What an effect is, for the rules below: a call that is not allowed to change one of these
 # changes none of them.
@@ -133,11 +135,18 @@ def check_step(step: Step) -> None:
     if kind == "takeover" and step.outcome == "acquired":
         assert b is not None and b["s"] in LEASED and step.now_ms is not None, str(step)
         assert int(b["d"]) <= step.now_ms, f"{step}: a live lease ({b['d']}) was taken over"
+    # An effect that happened keeps no raw arguments for its retention (issue 39): a record
+    # of this release in DONE, REVOKED or SUPERSEDED holds no request (replay from there
+    # takes the call from the operator). Only a granted claim brings one back.
+    if a is not None and a["s"] in HAPPENED:
+        assert not a.get("q"), f"{step}: a {a['s']} record holds a request"
     if b is None or a is None:
         return
     # Fingerprint and request change only when a claim is granted: on FAILED to a message
-    # of this generation or a later one, on REVOKED / SUPERSEDED to a later one.
-    if (a["f"], a.get("q")) != (b["f"], b.get("q")) or a["g"] != b["g"]:
+    # of this generation or a later one, on REVOKED / SUPERSEDED to a later one. The one
+    # other change: the request dropped as the record settles DONE (checked above).
+    settled = a["s"] == "DONE" and b["s"] != "DONE" and not a.get("q")
+    if a["f"] != b["f"] or a["g"] != b["g"] or (a.get("q") != b.get("q") and not settled):
         assert kind == "claim" and step.outcome == "acquired", (
             f"{step}: fingerprint, request or generation changed by a {kind}"
         )

@@ -20,9 +20,10 @@ last history entry is its last transition.
 The table restates the script, so a wrong rule in both would agree: every ledger call is
 also held to DESIGN's rules stated without the table (``design_rules.py``: the generation
 rule in every state, what may change a fingerprint, request, generation, a DONE or UNKNOWN
-record, no grant on a live or settled record, tokens across expiry, each record's whole
-history), and targeted rules make a voided generation's message arrive in every state its
-resubmission can reach (revoke, resubmit g+1, FAILED by worker, reconciler or operator, ...).
+record, no request kept once an effect happened (DONE, REVOKED, SUPERSEDED), no grant on a
+live or settled record, tokens across expiry, each record's whole history), and targeted
+rules make a voided generation's message arrive in every state its resubmission can reach
+(revoke, resubmit g+1, FAILED by worker, reconciler or operator, ...).
 
     python -m pytest tests/model -q -p no:cacheprovider          # bounded: 100 examples x 40 steps
     EFFECTQ_MODEL_EXAMPLES=2000 python -m pytest tests/model -q  # long run, random seed

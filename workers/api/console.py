@@ -398,8 +398,8 @@ def _story(request: Request, key: str, status: int = 200, **context: Any) -> Res
 
 def _offered(record: EffectRecord) -> list[str]:
     """The actions the state table allows from here (the ledger decides again on submit)."""
-    actions = OPERATOR_ACTIONS.get(record.state, ())
-    return [a for a in actions if a != "replay" or record.request]
+    # Replay is offered without a stored request too: its form then asks for the call.
+    return list(OPERATOR_ACTIONS.get(record.state, ()))
 
 
 @router.get("/effects/{key}")
@@ -440,19 +440,36 @@ def _action(action: str, key: str, actor: str, form: dict[str, str]) -> Callable
             key, executed=executed, actor=actor, reason=reason, receipt=receipt,
             override_evidence=override,
         )  # fmt: skip
-    verb = {"revoke": verbs.revoke, "supersede": verbs.supersede, "replay": verbs.replay}[action]
+    if action == "replay":
+        call = _replay_call(form)
+        return lambda: verbs.replay(key, actor=actor, reason=reason, **call)
+    verb = {"revoke": verbs.revoke, "supersede": verbs.supersede}[action]
     return lambda: verb(key, actor=actor, reason=reason)
+
+
+def _replay_call(form: dict[str, str]) -> dict[str, Any]:
+    """The original call from the replay form (shown where the record keeps no request):
+    none when its fields are empty, so a stored request is sent as it is."""
+    scope, action, text = (form.get(f, "").strip() for f in ("scope", "action", "args"))
+    if not (scope or action or text):
+        return {}
+    args = _json_object(text, "the arguments") if text else {}
+    return {"scope": scope or None, "action": action or None, "args": args}
 
 
 def _receipt(text: str) -> dict[str, Any] | None:
     if not text.strip():
         return None  # the Operator refuses "executed" without evidence, with its own words
+    return _json_object(text, "the receipt")
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError:
-        raise MessageError("the receipt is not JSON") from None
+        raise MessageError(f"{what} is not JSON") from None
     if not isinstance(value, dict):
-        raise MessageError("the receipt must be a JSON object")
+        raise MessageError(f"{what} must be a JSON object")
     return value
 
 

@@ -65,6 +65,20 @@ class Action(_Strict):
     reason: Reason
 
 
+class Replay(_Strict):
+    """``effectq replay``: the record's stored request, or the original call given here (a
+    record that settled DONE keeps none), checked against the effect's key and fingerprint."""
+
+    reason: Reason
+    scope: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        default=None, description="the original call's scope (needed where no request is stored)"
+    )
+    action: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    args: dict[str, JsonValue] | None = Field(
+        default=None, description="the original call's arguments, as submit takes them"
+    )
+
+
 Since = Annotated[str, StringConstraints(min_length=1, max_length=40)]
 
 

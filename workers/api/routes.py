@@ -407,11 +407,16 @@ def supersede(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
 
 @router.post(
     "/effects/{key}/replay",
-    summary="Submit a FAILED / REVOKED / SUPERSEDED effect's stored request again",
+    summary="Submit a FAILED / REVOKED / SUPERSEDED effect again: its stored request, or "
+    "the original call given (scope, action, args)",
     responses={200: {"model": models.ReplayResult}, **_problems(404, 409, *_AUTH)},
 )
-def replay(caller: Operating, key: Key, body: models.Action) -> JSONResponse:
-    return JSONResponse(verbs.replay(key, actor=caller.name, reason=body.reason))
+def replay(caller: Operating, key: Key, body: models.Replay) -> JSONResponse:
+    document = verbs.replay(
+        key, actor=caller.name, reason=body.reason, scope=body.scope, action=body.action,
+        args=body.args,
+    )  # fmt: skip
+    return JSONResponse(document)
 
 
 @router.post(

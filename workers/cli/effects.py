@@ -22,6 +22,7 @@ from .params import (
     _install,
     _json,
     _more,
+    _parse_args,
     _prefix,
     _reader,
     _text,
@@ -216,12 +217,30 @@ def supersede(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> 
 
 
 @app.command()
-def replay(key: Key, actor: Actor, reason: Reason, as_json: Json = False) -> None:
-    """Send a FAILED / REVOKED / SUPERSEDED effect's stored request again."""
+def replay(
+    key: Key,
+    actor: Actor,
+    reason: Reason,
+    scope: Annotated[
+        str | None,
+        typer.Option(metavar="ID", help="the original call's scope (a DONE record keeps none)"),
+    ] = None,
+    action: Annotated[str | None, typer.Option(metavar="NAME")] = None,
+    arg: Annotated[
+        list[str] | None,
+        typer.Option("--arg", metavar="NAME=VALUE", help="repeat; NAME:=JSON for a JSON value"),
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """Send a FAILED / REVOKED / SUPERSEDED effect again: its stored request, or the original
+    call given as submit takes it (--scope, --action, --arg), which must derive this key
+    with the recorded bound values. A record that settled DONE keeps no request: replay
+    from REVOKED / SUPERSEDED needs the call."""
     from .. import verbs
 
+    args = _parse_args(arg) if arg is not None else None
     _install()
-    document = verbs.replay(key, actor=actor, reason=reason)
+    document = verbs.replay(key, actor=actor, reason=reason, scope=scope, action=action, args=args)
     if as_json:
         emit(document)
     else:

@@ -157,26 +157,77 @@ def recheck(
     )  # fmt: skip
 
 
-def replay(key: str, *, actor: str, reason: str) -> dict[str, Any]:
-    """Submit the stored request of a FAILED / REVOKED / SUPERSEDED effect again."""
+# What a refused replay tells the operator to pass: the faces spell these alike (the CLI's
+# --scope / --action / --arg, the API body's and the console form's scope, action, args).
+_PASS_THE_CALL = "pass the original call: --scope, --action and --arg (API: scope, action, args)"
+
+
+def replay(
+    key: str,
+    *,
+    actor: str,
+    reason: str,
+    scope: str | None = None,
+    action: str | None = None,
+    args: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Submit a FAILED / REVOKED / SUPERSEDED effect again: the call given (scope, action,
+    args, as ``submit`` takes them), else the record's stored request. A record settled DONE
+    keeps no request, so replay from REVOKED / SUPERSEDED needs the call given; either way
+    it must derive this key under the tool's current declaration and carry the recorded
+    bound values (its fingerprint): a different request is a conflict, never sent."""
     from ..producer import submit
     from ..tool import get_tool
 
+    given = scope is not None or action is not None or args is not None
+
     def enqueue(record: EffectRecord) -> str:
-        request = record.request or {}
-        scope, args = request.get("scope"), request.get("args")
-        if not isinstance(scope, str) or not isinstance(args, dict):
-            raise OperatorError("replay refused: the stored request is incomplete", key=key)
+        if given:
+            if scope is None:
+                raise OperatorError(
+                    f"replay refused: the call given has no scope; {_PASS_THE_CALL}"
+                )
+            call_scope, call_action, call_args = scope, action, dict(args or {})
+        elif record.request is None:
+            # Dropped when the effect settled DONE (issue 39): the operator holds the call.
+            raise OperatorError(
+                f"replay refused: the record keeps no request once DONE; {_PASS_THE_CALL}",
+                key=key,
+            )
+        else:
+            request = record.request
+            stored_scope, stored_args = request.get("scope"), request.get("args")
+            if not isinstance(stored_scope, str) or not isinstance(stored_args, dict):
+                raise OperatorError("replay refused: the stored request is incomplete", key=key)
+            call_scope, call_action, call_args = stored_scope, request.get("action"), stored_args
+        reserved = sorted(_RESERVED & call_args.keys())
+        if reserved:
+            raise MessageError(f"argument names {reserved} are reserved (tool, scope, action)")
         tool = get_tool(record.tool)
-        # The stored request must still name this effect: a tool whose declaration changed
-        # since would replay under another key, a fresh effect nobody approved.
-        if tool.derive(scope, args, request.get("action")).key != key:
+        effect = tool.derive(call_scope, call_args, call_action)
+        # The call must still name this effect: a tool whose declaration changed since, or
+        # another scope or identity value, would replay under another key, a fresh effect
+        # nobody approved.
+        what = "the call given" if given else "the stored request"
+        if effect.key != key:
+            if given:
+                raise OperatorError(
+                    "replay refused: the call given derives another key than this effect's "
+                    "(its scope, action or identity fields differ)",
+                    key=key,
+                )
             raise OperatorError(
                 "replay refused: the stored request no longer derives this key (the tool's "
                 "declaration changed); submit the call anew",
                 key=key,
             )
-        return submit(tool, scope=scope, action=request.get("action"), **args).status.value
+        if effect.fingerprint != record.fingerprint:
+            raise OperatorError(
+                f"replay refused: conflict: {what} has other bound values than this "
+                "effect's (its fingerprint differs)",
+                key=key,
+            )
+        return submit(tool, scope=call_scope, action=call_action, **call_args).status.value
 
     status = operator().replay(key, actor=actor, reason=reason, enqueue=enqueue)
     return {"key": key, "status": status}
