@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import canonical_bytes, leaf_text, nfc_deep
+from .canonical import MAX_CANONICAL_BYTES, canonical_bytes, leaf_text, nfc_deep
 from .errors import (
     CanonicalizationError,
     IdentityError,
@@ -325,7 +325,7 @@ def derive(
             canonical_bytes(identity, field=f"{spec.name}.identity", limit=_IDENTITY_LIMIT)
         )
     text = plan.bound_text(norm)
-    if text is not None:
+    if text is not None and len(text) <= MAX_CANONICAL_BYTES:  # ASCII: characters are bytes
         fingerprint = _sha256(text.encode())
     else:
         fingerprint = _sha256(canonical_bytes(_bound(spec, norm), field=f"{spec.name}.bound"))

@@ -106,6 +106,25 @@ def test_oversized_values_are_refused() -> None:
         derive(EMAIL, "s", {"recipient": "a@b.co", "body": "x" * 70_000})
 
 
+SIZES = ToolSpec(name="sizes", identity=("to",), bound=("to", "note"), free=("body",))
+
+
+@pytest.mark.parametrize(
+    ("field", "size", "where"),
+    [("to", 9_000, "sizes.identity"), ("note", 70_000, "sizes.bound"),
+     ("body", 70_000, "sizes.free")],
+)  # fmt: skip
+def test_an_oversized_identity_bound_or_free_value_is_refused_whatever_its_spelling(
+    field: str, size: int, where: str
+) -> None:
+    # Plain ASCII takes derive's fast spelling of the canonical forms: its bounds are the
+    # same as canonical_bytes' (the bound form's 64 KiB was once skipped there).
+    for value in ("x" * size, "é" * size):
+        args = {"to": "a", "note": "n", field: value}
+        with pytest.raises(ValueTooLargeError, match=rf"^{where}: canonical form is"):
+            derive(SIZES, "s", args)
+
+
 def test_missing_identity_field_is_refused_by_name() -> None:
     expected = r"missing identity/bound arguments \['recipient'\]"
     with pytest.raises(MissingFieldError, match=expected):
