@@ -52,7 +52,7 @@ from .normalize import INVISIBLE, FieldNormalizer, Normalizer, visible
 from .spec import ToolSpec
 
 __all__ = [
-    "EFFECT_KEY", "MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive",
+    "EFFECT_KEY", "KEY_OR_PREFIX", "MAX_SCOPE_CHARS", "Deriver", "Effect", "check_key", "derive",
     "idempotency_key", "normalize_scope",
 ]  # fmt: skip
 
@@ -63,6 +63,9 @@ _JSON_STRING = json.JSONEncoder(ensure_ascii=False).encode
 #: An effect key as the ledger writes it: 64 lowercase hex digits (a SHA-256). Unanchored
 #: (``fullmatch`` checks one; ``f"^{EFFECT_KEY.pattern}$"`` where a schema wants anchors).
 EFFECT_KEY = re.compile(r"[0-9a-f]{64}")
+#: An effect key or its first 12 or more digits, as the logs print it (``workers.logs``):
+#: what a key search, ``inspect`` and the audit filter take.
+KEY_OR_PREFIX = re.compile(r"[0-9a-f]{12,64}")
 # Argument names enter a message only when they look like names: a name is data too.
 _ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z_]{0,31}")
 

@@ -109,10 +109,12 @@ def test_every_ledger_state_reads_as_one_recipient_state() -> None:
     assert {s for s, r in RECIPIENT_STATE.items() if r is RecipientState.PENDING} == {*HELD, None}
 
 
-# Restatements of the effect key or the tool name, and tuples of state literals: each has
-# its one home (the file named), and nothing else in the three packages spells it.
+# Restatements of the effect key (or its prefix) or the tool name, and tuples of state
+# literals: each has its one home (the file named), and nothing else in the three packages
+# spells it.
 RESTATED = {
     r"\[0-9a-f\]\{64\}": "dedupe/identity.py",
+    r"\[0-9a-f\]\{12,64\}": "dedupe/identity.py",
     r"\[a-z\]\[a-z0-9_\.-\]": "dedupe/spec.py",
     r"A-Za-z0-9_\.-\]\{0,99\}": None,
     r"\"UNKNOWN\",\s*\"CLAIMED\"|\"CLAIMED\",\s*\"RECONCILING\"": None,

@@ -8,19 +8,19 @@ the streamed bytes pass the bound (chunked). The access log names the route *tem
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dedupe.identity import KEY_OR_PREFIX
+
 from .problems import ApiProblem
 
 __all__ = ["AccessLog", "BodyLimit"]
 
 log = logging.getLogger("workers.api.access")
-_KEYISH = re.compile(r"[0-9a-f]{12,64}")
 
 
 class BodyLimit:
@@ -89,5 +89,5 @@ class AccessLog:
             # The effect a route names, as every effectq line names one: its key's prefix
             # (workers.logs shortens it), and only a key's shape (a path may carry anything).
             key = scope.get("path_params", {}).get("key")
-            extra = {"key": key} if isinstance(key, str) and _KEYISH.fullmatch(key) else None
+            extra = {"key": key} if isinstance(key, str) and KEY_OR_PREFIX.fullmatch(key) else None
             log.info("%s %s %d %.0fms", scope["method"], route, status, elapsed_ms, extra=extra)

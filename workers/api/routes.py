@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dedupe import CampaignNotFoundError, State
+from dedupe.identity import KEY_OR_PREFIX
 from dedupe.states import IndexedState
 
 from .. import verbs
@@ -291,7 +292,10 @@ def list_effects(
     limit: PageLimit = 100,
     key: Annotated[
         str | None,
-        Query(pattern=r"^[0-9a-f]{12,64}$", description="an effect key or its first 12+ digits"),
+        Query(
+            pattern=f"^{KEY_OR_PREFIX.pattern}$",
+            description="an effect key or its first 12+ digits",
+        ),
     ] = None,
 ) -> JSONResponse:
     ops = verbs.operator()

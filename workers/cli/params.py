@@ -174,11 +174,10 @@ def _maybe_key(value: str | None) -> str | None:
     return None if value is None else _key(value)
 
 
-_PREFIX = re.compile(r"[0-9a-f]{12,64}")
-
-
 def _prefix(value: str | None) -> str | None:
-    if value is not None and not _PREFIX.fullmatch(value):
+    from dedupe.identity import KEY_OR_PREFIX
+
+    if value is not None and not KEY_OR_PREFIX.fullmatch(value):
         raise _Refused("must be an effect key or its first 12 or more lowercase hex digits")
     return value
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dedupe import MessageError, State
-from dedupe.identity import EFFECT_KEY
+from dedupe.identity import EFFECT_KEY, KEY_OR_PREFIX
 
 if TYPE_CHECKING:
     from dedupe import EffectRecord
@@ -39,7 +39,6 @@ def inspect(ops: Operator, key: str) -> EffectRecord:
 MAX_PAGE = 1000
 _YEAR_S = 366 * 86400
 _STREAM_ID = re.compile(r"[0-9]{1,16}-[0-9]{1,16}")
-_PREFIX = re.compile(r"[0-9a-f]{12,64}")
 _PAGE_CURSOR = re.compile(rf"[ul][0-9]{{1,16}}\.{EFFECT_KEY.pattern}")
 
 
@@ -127,7 +126,7 @@ def find_keys(ops: Operator, text: str, *, limit: int = 100) -> list[EffectRecor
     """Key search: the record of an exact key, or of keys starting with ``text`` (at least
     12 hex digits, as a log line shows a key; the ledger scans for them)."""
     text = text.strip().lower()
-    if not _PREFIX.fullmatch(text):
+    if not KEY_OR_PREFIX.fullmatch(text):
         raise MessageError("a key search needs an effect key or its first 12+ hex digits")
     keys = [text] if len(text) == 64 else ops.ledger.keys_with_prefix(text, limit=limit)
     return [r for r in ops.ledger.get_many(keys).values() if r is not None]
