@@ -27,6 +27,8 @@ from typing import Any
 import redis
 from dramatiq import Message
 
+from ..metrics import DEFERRAL_CAUSES
+from .gate import HELD_BACK
 from .keys import NAMESPACE, queue_hash
 
 __all__ = ["DeadLetter", "DeadLetterQueue", "DelayQueue", "Delayed"]
@@ -211,7 +213,7 @@ _EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]{0,200})(?:: (.*)|$)")
 # could carry a value: only these are shown. The first two follow a failed call.
 _FAILURES = ("not executed", "outcome uncertain")
 # Why a control held a message back (``workers.broker.gate.Deferred``'s causes).
-_HELD = re.compile(r"held back: (paused|rate|concurrency|unavailable)\b")
+_HELD = re.compile(rf"{HELD_BACK}: ({'|'.join(DEFERRAL_CAUSES)})\b")
 _CAUSE = re.compile(
     r"(not executed|outcome uncertain|effect is in_flight|effect is blocked|ledger "
     r"unavailable|executed, receipt not recordable|executed but not recorded|commit fenced)"

@@ -59,6 +59,7 @@ from ..metrics import PAUSE_KINDS
 
 __all__ = [
     "DEFERRALS",
+    "HELD_BACK",
     "LIMITS_OPTION",
     "PAUSE_CACHE_S",
     "QUEUE_NAME",
@@ -69,6 +70,9 @@ __all__ = [
     "set_paused",
 ]
 
+#: How a held-back message's retry names its cause (``Deferred``; the scheduled view reads
+#: it back, ``dead_queue``).
+HELD_BACK = "held back"
 #: The actor option carrying a tool's declared ``Limits``.
 LIMITS_OPTION = "effectq_limits"
 #: The message option counting how often it was held back (its next wait grows with it).
@@ -155,7 +159,7 @@ class Deferred(dramatiq.Retry, MiddlewareError):
 
     def __init__(self, cause: str, delay_ms: int, detail: str = "") -> None:
         shown = f"{cause} ({detail})" if detail else cause
-        dramatiq.Retry.__init__(self, f"held back: {shown}", delay=delay_ms)
+        dramatiq.Retry.__init__(self, f"{HELD_BACK}: {shown}", delay=delay_ms)
         self.cause = cause
 
 
