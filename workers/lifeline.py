@@ -19,7 +19,6 @@ worker process against the main process that forked it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -57,7 +56,9 @@ def _arm(signum: int) -> bool:
         # No parent-death signal elsewhere (macOS, the BSDs: a developer's machine): the
         # process outlives a SIGKILLed parent until a signal to its group reaches it.
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    # The running program's own symbols (libc's among them): ``find_library("c")`` would
+    # run ``ldconfig -p``, a process in the pool's tree at every boot.
+    libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
         log.warning("parent-death signal not set: %s", os.strerror(ctypes.get_errno()))
         return False

@@ -145,7 +145,7 @@ def test_crash_point(fenceless: LocalStack, point: str, action: str) -> None:
         key = _charge(f"matrix-{point}-{action}")
         frozen = _wait_fired(
             fenceless, ledger, key, action, armed=armed,
-            pids=fenceless.wait_for_workers(1), log="workers.log",
+            pids=fenceless.wait_for_workers(1, pool=armed), log="workers.log",
         )  # fmt: skip
         executed = EXECUTED_AT[point]
         if frozen is not None:

@@ -75,3 +75,26 @@ def test_a_dramatiq_main_process_whose_supervisor_died_starts_nothing() -> None:
     )  # fmt: skip
     assert done.returncode == 0
     assert done.stderr == "effectq: the supervisor died before this pool started; exiting\n"
+
+
+def test_arming_starts_no_process() -> None:
+    """Arming runs in every Dramatiq main and worker process as it boots: a helper process it
+    started (``ctypes.util.find_library`` runs ``ldconfig -p``) would sit in the pool's tree
+    beside the worker processes, where a pool's observers (``LocalStack.worker_processes``,
+    an operator's ``ps``) take it for one."""
+    probe = textwrap.dedent(
+        """
+        import signal, subprocess
+        started = []
+        real = subprocess.Popen.__init__
+        def spy(self, *args, **kwargs):
+            started.append(args[0] if args else kwargs.get("args"))
+            real(self, *args, **kwargs)
+        subprocess.Popen.__init__ = spy
+        from workers import lifeline
+        assert lifeline._arm(signal.SIGTERM)
+        print(started)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

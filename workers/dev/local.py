@@ -94,6 +94,13 @@ class RabbitVhost:
         return {row["name"]: int(row["messages"]) for row in json.loads(out or "[]")}
 
 
+def _runs(process: psutil.Process, command: list[str]) -> bool:
+    try:
+        return process.cmdline() == command
+    except psutil.NoSuchProcess:
+        return False
+
+
 class LocalStack(Started):
     """Start with ``with LocalStack(...) as stack``; every process is stopped on exit."""
 
@@ -204,27 +211,32 @@ class LocalStack(Started):
         return proc
 
     def worker_processes(self, pool: subprocess.Popen[bytes] | None = None) -> list[int]:
-        """Pids of the Dramatiq worker processes (the ones that run actors) of a pool."""
+        """Pids of the Dramatiq worker processes (the ones that run actors) of a pool: the
+        processes each Dramatiq main process (a child of the supervisor) *forked*, which
+        run its command line. A process one of them started (a tool's subprocess, a helper
+        a library runs while booting) is none: freezing or killing it tests nothing."""
         pids: list[int] = []
         for supervisor in [pool] if pool else self.pools:
+            # Reaped: its pid may be another process's by now.
+            if supervisor.poll() is not None:
+                continue
             try:
-                children = psutil.Process(supervisor.pid).children(recursive=True)
+                mains = psutil.Process(supervisor.pid).children()
             except psutil.NoSuchProcess:
                 continue
-            for child in children:
-                try:
-                    # A worker process is a forked child of a `dramatiq` main process.
-                    parent = child.parent()
-                    if parent is not None and parent.pid != supervisor.pid:
-                        pids.append(child.pid)
-                except psutil.NoSuchProcess:
-                    continue
+            for main in mains:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    command, children = main.cmdline(), main.children()
+                    pids += [c.pid for c in children if _runs(c, command)]
         return pids
 
-    def wait_for_workers(self, count: int, timeout: float = 30.0) -> list[int]:
+    def wait_for_workers(
+        self, count: int, timeout: float = 30.0, pool: subprocess.Popen[bytes] | None = None
+    ) -> list[int]:
+        """The worker processes (of ``pool``, or of every pool) once there are ``count``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            pids = self.worker_processes()
+            pids = self.worker_processes(pool)
             if len(pids) >= count:
                 return pids
             time.sleep(0.1)
