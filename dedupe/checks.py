@@ -6,6 +6,7 @@ Part of ``Ledger`` (``dedupe/ledger.py``); the key names are ``dedupe/keys.py``'
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import redis
 
@@ -18,13 +19,16 @@ from .errors import (
     LedgerUnavailableError,
     VolatileLedgerError,
 )
-from .keys import FOREIGN_PATTERNS, SCHEMA_KEY, SCHEMA_NAMESPACE, schema_field
+from .keys import FOREIGN_PATTERNS, SCHEMA_KEY, SCHEMA_NAMES, SCHEMA_NAMESPACE, schema_field
 
-__all__ = ["LEDGER_FORMAT", "Checks"]
+__all__ = ["LEDGER_FORMAT", "SHORT_NAMES_FORMAT", "Checks"]
 
-#: The layout and record format this release writes and reads (the version record's
+#: The newest layout and record format this release writes and reads (the version record's
 #: ``format``); a ledger written by a newer release is refused.
-LEDGER_FORMAT = 1
+LEDGER_FORMAT = 2
+#: The format of a ledger that holds a namespace with short record names (``dedupe/keys.py``):
+#: releases before it read hex names only, so they must refuse such a ledger at start.
+SHORT_NAMES_FORMAT = 2
 
 
 class Checks(Connection):
@@ -55,12 +59,14 @@ class Checks(Connection):
                     f"knows {LEDGER_FORMAT}): upgrade this process, or roll the ledger back"
                 )
             stored = schema.get(schema_field(self.namespace))
+            names = schema.get(SCHEMA_NAMES + self.namespace)
             if stored is None:
                 stored = self._legacy_layout()
             if stored is None:
-                if self._owns_keys():
-                    stored = str(self.buckets)  # its own records, from before any layout key
-                elif self._foreign_keys(schema):
+                # Its own records, from before any layout key, are hex-named: releases
+                # before this one may still run on them (a rolling upgrade).
+                owned = self._owns_keys()
+                if not owned and self._foreign_keys(schema):
                     if not schema:
                         raise LayoutChangedError(
                             f"namespace {self.namespace!r} owns nothing on a ledger that holds "
@@ -77,21 +83,29 @@ class Checks(Connection):
                             "EFFECTQ_ALLOW_NEW_NAMESPACE=true for a second deployment on this "
                             "ledger."
                         )
-                self._register(str(self.buckets))
-                stored = str(self.buckets)
+                # Laid out by this release: its records get short names.
+                self._register(str(self.buckets), short=not owned, known=known)
+                stored, names = str(self.buckets), None if owned else "short"
             elif schema_field(self.namespace) not in schema:
                 self._register(stored)
         self._same_buckets(stored)
+        # Write records under the spelling the version record names for this namespace
+        # (short when this release laid it out; hex for one laid out before). Reads find
+        # either, so a ledger that never asked (tests, embedding code) misreads nothing.
+        self.keyspace = replace(self.keyspace, short=names == "short")
 
-    def _adopt(self) -> None:
+    def _adopt(self) -> int:
         """``Ledger.adopt_namespace``'s write: this namespace's bucket count in the version
-        record, refused for a namespace laid out in another bucket count."""
+        record, refused for a namespace laid out in another bucket count; the ledger's
+        format. Hex-named (the ledger's other namespaces may run the previous release, which
+        a short-named namespace would make refuse it)."""
         with self.guard():
             stored = self.client.hget(SCHEMA_KEY, schema_field(self.namespace))
             stored = stored if stored is not None else self._legacy_layout()
             if stored is not None:
                 self._same_buckets(stored)
             self._register(str(self.buckets))
+            return int(self.client.hget(SCHEMA_KEY, "format") or 1)
 
     def _same_buckets(self, stored: str | bytes) -> None:
         """Refuse a namespace laid out in ``stored`` buckets, not this ledger's."""
@@ -119,9 +133,15 @@ class Checks(Connection):
                 return True
         return False
 
-    def _register(self, buckets: str) -> None:
+    def _register(self, buckets: str, *, short: bool = False, known: int = 0) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.hsetnx(SCHEMA_KEY, "format", LEDGER_FORMAT)
+        if short:
+            # A release that reads hex names only must refuse this ledger from now on.
+            if known < SHORT_NAMES_FORMAT:
+                pipe.hset(SCHEMA_KEY, "format", SHORT_NAMES_FORMAT)
+            pipe.hsetnx(SCHEMA_KEY, SCHEMA_NAMES + self.namespace, "short")
+        else:
+            pipe.hsetnx(SCHEMA_KEY, "format", 1)
         pipe.hsetnx(SCHEMA_KEY, schema_field(self.namespace), buckets)
         # The previous release reads this during a rolling upgrade.
         pipe.set(self.keyspace.legacy_layout, buckets, nx=True)

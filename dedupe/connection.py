@@ -107,6 +107,7 @@ class Connection:
         buckets: int,
         wait_replicas: int,
         wait_timeout_ms: int,
+        short_names: bool = False,
     ) -> None:
         check_reads_utf8(client.get_connection_kwargs())
         # The ledger decides what is sent again after a lost reply (_REPEATABLE), so the
@@ -116,7 +117,7 @@ class Connection:
         self.client = client
         self.namespace = namespace
         self.buckets = buckets
-        self.keyspace = KeySpace(namespace, buckets)
+        self.keyspace = KeySpace(namespace, buckets, short_names)
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         # EVALSHA reloads on NOSCRIPT, so a Redis restart or failover (which empties the

@@ -4,7 +4,8 @@
 -- state table sits in one file; every call is one round trip (FCALL, or EVALSHA: script.py).
 --
 -- KEYS (all share one hash tag, the record's bucket: one slot, Cluster-safe)
---   KEYS[1]  record   string: struct-packed fields (below)
+--   KEYS[1]  record   string: struct-packed fields (below), under the name this ledger
+--                              writes (dedupe/keys.py: short base64url, or hex)
 --   KEYS[2]  leases   zset:   effect key -> lease deadline (ms, server clock) of every
 --                              CLAIMED / RECONCILING record in the bucket; the reconciler
 --                              scans only this, never the keyspace
@@ -27,6 +28,9 @@
 --                              a fresh record's token is its INCR, so a key's tokens keep growing
 --                              after its record expired (a stale holder's token never becomes
 --                              valid again). Never expires.
+--   KEYS[8]  record   the same record under its other name: read when KEYS[1] holds none, and
+--                              deleted when the record is written under KEYS[1] (so one
+--                              name holds it at a time, whichever spelling wrote it last)
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields, as the script holds them in a Lua table (short names, DESIGN §2):
@@ -56,7 +60,10 @@
 --   n, c, f; LIVE only: d, a, x, ra, h; then tool, cp, q, r, raw (empty = absent; tool and cp
 --   are short names, under 256 bytes), ln and the bytes of lb, lb, yn, yb. A record written
 --   before this format is a JSON object (first byte '{'): it is read as such and saved in
---   this form at its next write.
+--   this form at its next write. A ledger that writes short record names writes a settled
+--   record in the TIGHT layout instead (absent fields take no bytes; see TIGHT_HEAD) and
+--   leaves the usual notes out of its history steps (DEFAULT_NOTE); every layout is read
+--   whichever ledger reads it.
 --
 -- Time is the server's (TIME), never a client clock. A claim never expires by itself: an
 -- expired lease makes the record `blocked` until the reconciler takes it over.
@@ -67,7 +74,7 @@ local LATE = 8
 -- The suffix of a pending marker that is only a reservation (see submit).
 local RESERVED = '|r'
 
-local SETTLED, LIVE = 1, 2
+local SETTLED, LIVE, TIGHT = 1, 2, 3
 local CODE = {CLAIMED = 1, DONE = 2, FAILED = 3, RECONCILING = 4, UNKNOWN = 5,
   REVOKED = 6, SUPERSEDED = 7}
 local NAME = {'CLAIMED', 'DONE', 'FAILED', 'RECONCILING', 'UNKNOWN', 'REVOKED', 'SUPERSEDED'}
@@ -78,18 +85,32 @@ local SETTLED_FORMAT = '>BI6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
 local LIVE_FORMAT = '>BI6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
 local SETTLED_READ = '>I6I4I2I6Bc0Bc0Bc0I3c0I3c0I3c0BI3'
 local LIVE_READ = '>I6I4I2I6Bc0I6I6I6I2Hc0Bc0Bc0I3c0I3c0I3c0BI3'
+-- TIGHT (a settled record written under a short name: dedupe/keys.py): t, g, n, c, the 32
+-- fingerprint bytes, a byte of flags for the optional fields (cp, q, r, raw, late
+-- receipts: absent ones take no bytes, not a zero length each), tool; then each present
+-- field in that order, ln and lb together; then yn, yb. 11 bytes under SETTLED's: with the
+-- default notes left out (DEFAULT_NOTE), a DONE record with a 100-byte receipt is 182
+-- bytes, inside jemalloc's 192-byte class (SETTLED's 204 take 224).
+local TIGHT_HEAD = '>I6I4I2I6c32BBc0'
+local TIGHT_FIELDS = {{'cp', 1, '>Bc0'}, {'q', 2, '>I3c0'}, {'r', 4, '>I3c0'},
+  {'raw', 8, '>I3c0'}}
+local TIGHT_LATE = 16
 local LATE_ENTRY = '>I6I3c0I6'          -- token, receipt, ms (15 bytes and the receipt)
 local LATE_BYTES = 16777215              -- the late list's length field: three bytes
 -- state code, token - the previous step's token, ms, note: a step is the only change of a
 -- record's token, always by 0 or 1 but at a fresh record, whose first step nothing precedes;
 -- so the tokens are t and the distances back from it, and a step takes no token field
 local STEP = '>BBI6Hc0'
+-- The note a step takes when its writer gave the usual one; a ledger writing short names
+-- (`compact`) stores it as '' and every reader gives it back (history).
+local DEFAULT_NOTE = {[1] = 'claim', [2] = 'commit'}
 
 -- One call's state, set by run() before anything reads it: the keys and arguments, the
--- server's time, the effect key and its decoded record (nil: none). Module-level so that
+-- server's time, the effect key, its decoded record (nil: none) and the name it was read
+-- under (KEYS[1], or KEYS[8]: see save). Module-level so that
 -- the helpers below are made once per load, not per call (a Redis Function library is
 -- loaded once; under EVAL the whole file runs per call, as before).
-local K, A, now, key, rec
+local K, A, now, key, rec, stored, compact
 local OPS = {}
 -- The ops that read the clock themselves, only on the paths that need it (clock()).
 local LAZY_CLOCK = {claim = true, get = true}
@@ -139,6 +160,7 @@ local function history(rec)
   for j = 1, rec.yn do
     local code, delta, ms, note
     code, delta, ms, note, pos = struct.unpack(STEP, rec.yb, pos)
+    if note == '' then note = DEFAULT_NOTE[code] or '' end
     list[j], back[j] = {NAME[code], 0, ms, note}, delta
   end
   local token = rec.t
@@ -173,6 +195,22 @@ local function decode(blob)
   end
   local rec
   local tool, cp, q, r, raw, ln, late, pos
+  if head >= TIGHT * 16 then
+    local t, g, n, c, f, flags
+    t, g, n, c, f, flags, tool, pos = struct.unpack(TIGHT_HEAD, blob, 2)
+    rec = {s = NAME[head - TIGHT * 16], t = t, g = g, n = n, c = c, f = f, tool = tool,
+      ln = 0, lb = ''}
+    for _, field in ipairs(TIGHT_FIELDS) do
+      if bit.band(flags, field[2]) ~= 0 then
+        rec[field[1]], pos = struct.unpack(field[3], blob, pos)
+      end
+    end
+    if bit.band(flags, TIGHT_LATE) ~= 0 then
+      rec.ln, rec.lb, pos = struct.unpack('>BI3c0', blob, pos)
+    end
+    rec.yn, rec.yb = string.byte(blob, pos), string.sub(blob, pos + 1)
+    return rec
+  end
   if head >= LIVE * 16 then
     local t, g, n, c, f, d, a, x, ra, h
     t, g, n, c, f, d, a, x, ra, h, tool, cp, q, r, raw, ln, late, pos =
@@ -210,6 +248,23 @@ local function encode(rec)
     return live_blob(CODE[rec.s], rec.t, rec.g, n, rec.c, rec.f, rec.d, rec.a or 0, rec.x or 0,
       rec.ra or 0, rec.h or '', tool, cp, q, r, raw, rec.ln, lb, rec.yn, rec.yb)
   end
+  if compact and #rec.f == 32 then
+    local flags, parts = 0, {}
+    for _, field in ipairs(TIGHT_FIELDS) do
+      local v = rec[field[1]]
+      if v and v ~= '' then
+        flags = flags + field[2]
+        parts[#parts + 1] = struct.pack(field[3], #v, v)
+      end
+    end
+    if rec.ln > 0 then
+      flags = flags + TIGHT_LATE
+      parts[#parts + 1] = struct.pack('>BI3', rec.ln, #lb) .. lb
+    end
+    return string.char(TIGHT * 16 + CODE[rec.s]) ..
+      struct.pack(TIGHT_HEAD, rec.t, rec.g, n, rec.c, rec.f, flags, #tool, tool) ..
+      table.concat(parts) .. string.char(rec.yn) .. rec.yb
+  end
   return struct.pack(SETTLED_FORMAT, SETTLED * 16 + CODE[rec.s], rec.t, rec.g, n, rec.c,
     #rec.f, rec.f, #tool, tool, #cp, cp, #q, q, #r, r, #raw, raw, rec.ln, #lb)
     .. lb .. string.char(rec.yn) .. rec.yb
@@ -233,6 +288,7 @@ local function move(state, token, note, deadline)
     redis.call('HINCRBY', K[6], rec.cp .. ':' .. state, 1)
   end
   note = note or ''
+  if compact and note == DEFAULT_NOTE[CODE[state]] then note = '' end
   -- The distance is 0 or 1 but at a fresh record (rec.t 0), where nothing reads it.
   rec.yb = rec.yb .. struct.pack(STEP, CODE[state], math.min(token - rec.t, 255), now, #note, note)
   rec.s = state
@@ -265,6 +321,8 @@ local function save(retention_ms)
   else
     redis.call('SET', K[1], encode(rec))
   end
+  -- Read under its other name: it moves (never two copies to disagree).
+  if stored ~= K[1] then redis.call('DEL', stored) end
 end
 
 local function fenced(name)
@@ -338,7 +396,7 @@ OPS.claim = function()
     if campaign then redis.call('HINCRBY', K[6], campaign .. ':CLAIMED', 1) end
     redis.call('HINCRBY', K[3], 'CLAIMED:' .. tool, 1)
     redis.call('ZADD', K[2], deadline, key)
-    local note = 'claim'
+    local note = compact and '' or 'claim'
     local step = struct.pack(STEP, CODE.CLAIMED, math.min(token, 255), now, #note, note)
     redis.call('SET', K[1], live_blob(CODE.CLAIMED, token, generation, 1, now, fp, deadline, now,
       0, 0, holder, tool, campaign or '', request, '', '', 0, '', 1, step), 'NX')
@@ -420,7 +478,7 @@ OPS.commit = function()
         move('UNKNOWN', rec.t + 1, 'late receipt after FAILED', nil)
         save(0)
       else
-        local ttl = redis.call('PTTL', K[1])
+        local ttl = redis.call('PTTL', stored)
         save(ttl > 0 and ttl or 0)
       end
     end
@@ -624,7 +682,7 @@ OPS.get = function()
   rec.f, rec.y = hex(rec.f), history(rec)
   if rec.ln > 0 then rec.lr = late_list(rec) end
   rec.lb, rec.ln, rec.yb, rec.yn = nil, nil, nil, nil
-  return {cjson.encode(rec), redis.call('PTTL', K[1])}
+  return {cjson.encode(rec), redis.call('PTTL', stored)}
 end
 
 -- The entry point: KEYS and ARGV as above. ledger.py ends the file with the call that
@@ -637,7 +695,15 @@ local function run(keys, args)
   if marker_op then return marker_op() end
   now = nil
   if not LAZY_CLOCK[A[1]] then clock() end
-  local blob = redis.call('GET', K[1])
+  stored = K[1]
+  -- A ledger writing short names (KEYS[1] the shorter spelling) writes the tight form too:
+  -- no release before short names runs on its namespace (format 2, dedupe/checks.py).
+  compact = K[8] ~= nil and #K[1] < #K[8]
+  local blob = redis.call('GET', stored)
+  if not blob and K[8] then
+    blob = redis.call('GET', K[8])
+    if blob then stored = K[8] end
+  end
   rec = blob and decode(blob) or nil
   local op = OPS[A[1]]
   if not op then return redis.error_reply('unknown ledger op ' .. tostring(A[1])) end

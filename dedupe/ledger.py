@@ -70,6 +70,9 @@ class Ledger(Transitions, Reads, Checks):
         an acknowledged write: this narrows the window, it does not close it.
         ``wait_timeout_ms`` (at least 1: WAIT's 0 would block until a replica answers)
         bounds each WAIT.
+    short_names:
+        write records under short names (``dedupe/keys.py``); ``check_layout`` sets it from
+        the version record. Either way records written under the other spelling are found.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class Ledger(Transitions, Reads, Checks):
         max_request_bytes: int = 64 * 1024,
         max_receipt_bytes: int = 16 * 1024,
         max_raw_bytes: int = 64 * 1024,
+        short_names: bool = False,
     ) -> None:
         if not 1 <= buckets <= 16384:
             raise LedgerConfigError("buckets must be between 1 and 16384")
@@ -112,6 +116,7 @@ class Ledger(Transitions, Reads, Checks):
             buckets=buckets,
             wait_replicas=wait_replicas,
             wait_timeout_ms=wait_timeout_ms,
+            short_names=short_names,
         )
         self.max_request_bytes = max_request_bytes
         self.max_receipt_bytes = max_receipt_bytes
@@ -147,7 +152,7 @@ class Ledger(Transitions, Reads, Checks):
         (``effectq ledger adopt``): the one way a namespace that owns nothing is accepted on
         a ledger written before versions existed. Audited; refused for a namespace laid out
         in another bucket count."""
-        self._adopt()
+        known = self._adopt()
         result = f"namespace {self.namespace} adopted, {self.buckets} buckets"
         self.audit(action="ledger_adopt", actor=actor, reason=reason, result=result)
-        return {"namespace": self.namespace, "buckets": self.buckets, "format": LEDGER_FORMAT}
+        return {"namespace": self.namespace, "buckets": self.buckets, "format": known}

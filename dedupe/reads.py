@@ -14,6 +14,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from .connection import Connection, ms
+from .keys import effect_key_of
 from .records import EffectRecord, PendingMarker, State
 from .states import CLAIMABLE, INDEXED
 
@@ -145,7 +146,7 @@ class Reads(Connection):
             else:
                 keys = []
                 for name in self.client.scan_iter(match=self.keyspace.records, count=1000):
-                    keys.append(str(name).rsplit(":", 1)[1])
+                    keys.append(effect_key_of(str(name).rsplit(":", 1)[1]))
                     if len(keys) >= 20 * limit:
                         break
         if state is State.UNKNOWN:
@@ -157,13 +158,16 @@ class Reads(Connection):
         """Keys of records that start with ``prefix`` (at least 8 hex digits: they name the
         bucket). A SCAN of the keyspace with a pattern: for an operator's search, not for
         a hot path (seconds on millions of keys)."""
-        pattern = self.keyspace.records_with_prefix(prefix)
         keys: list[str] = []
         with self.guard():
-            for name in self.client.scan_iter(match=pattern, count=1000):
-                keys.append(str(name).rsplit(":", 1)[1])
-                if len(keys) >= limit:
-                    break
+            # Both spellings (dedupe/keys.py): a record moves to its ledger's on a write.
+            for pattern in self.keyspace.records_with_prefix(prefix):
+                for name in self.client.scan_iter(match=pattern, count=1000):
+                    key = effect_key_of(str(name).rsplit(":", 1)[1])
+                    if key.startswith(prefix) and key not in keys:
+                        keys.append(key)
+                        if len(keys) >= limit:
+                            return keys
         return keys
 
     def audit(self, **fields: str) -> str:

@@ -412,7 +412,9 @@ def compare(binary: str, revisions: list[str]) -> int:
         RedisServer(binary, Path(tmp), extra_args=REDIS_ARGS) as server,
     ):
         client = redis.Redis(host="127.0.0.1", port=server.port, decode_responses=True)
-        figures = in_situ(client, Ledger(client, allow_volatile=False), sources, rounds=16)
+        ledger = Ledger(client, allow_volatile=False)
+        ledger.check_layout()
+        figures = in_situ(client, ledger, sources, rounds=16)
     for name, (first, dup) in figures.items():
         print(f"{name:<44} claim+commit {first:6.1f} us, duplicate {dup:5.1f} us (in situ, min)")
     result = {
@@ -466,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
         if persistence.get("appendonly") != "yes" or persistence.get("appendfsync") != APPENDFSYNC:
             raise RuntimeError(f"unexpected persistence config: {persistence}")
 
+        # Laid out as a process lays out a new ledger (short record names, dedupe/keys.py).
         ledger = Ledger(client, allow_volatile=False)
+        ledger.check_layout()
         pt = Powertools(pt_client)
         phases = {
             "effectq_first": Phase("effectq first (claim+commit)"),
@@ -497,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         # Round trips: the same loops on counting clients, on fresh keys.
-        audit_ledger = Ledger(counting_client(server.port, 0), allow_volatile=False)
+        audit_ledger = Ledger(
+            counting_client(server.port, 0), allow_volatile=False, short_names=ledger.keyspace.short
+        )
         audit_pt = Powertools(counting_client(server.port, PT_DB))
         rt = {
             "effectq_first": round_trips(effectq_first(audit_ledger, "audit"), AUDIT),

@@ -61,7 +61,7 @@ def test_a_fresh_claim_takes_its_token_from_the_bucket_floor_and_its_commit_writ
     assert ledger.claim(second, lease_s=30, holder="w/1").token > claim.token
 
 
-def test_claim_and_commit_cost_fifteen_commands_and_a_duplicate_three(
+def test_claim_and_commit_cost_sixteen_commands_and_a_duplicate_three(
     redis_server: RedisServer,
 ) -> None:
     ledger = fresh_ledger(redis_server.url)
@@ -75,7 +75,9 @@ def test_claim_and_commit_cost_fifteen_commands_and_a_duplicate_three(
         ledger.commit(effect.key, claim.token, {"id": "ch_1"}, retention_s=RETENTION_S)
 
     first_cost = _commands(ledger, first)
-    assert sum(first_cost.values()) <= 15, first_cost
+    # 15, and a fresh claim's second GET: the record under its other name (dedupe/keys.py),
+    # the price of a record named in 43 characters, not 64 (32 bytes less per record).
+    assert sum(first_cost.values()) <= 16 and first_cost["get"] == 4, first_cost
     assert first_cost["time"] == 2, first_cost
 
     def duplicate() -> None:

@@ -58,7 +58,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from dedupe import ClaimOutcome, Effect, TransitionRefusedError
+from dedupe import ClaimOutcome, Effect, Ledger, TransitionRefusedError
 from tests.model.design_rules import RunChecker, Step
 from tests.model.state_table import (
     DONE,
@@ -156,6 +156,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.ledger = fresh_ledger(self.url, buckets=BUCKETS)
+        # The same namespace, writing the other spelling of record names (dedupe/keys.py) and
+        # its record form: ``the_other_spelling_takes_over`` swaps the two at any step.
+        self.other = Ledger.from_url(
+            self.url, namespace=self.ledger.namespace, buckets=BUCKETS, short_names=True
+        )
         self.effects: list[list[Effect]] = [[charge(s, a) for a in AMOUNTS] for s in SCOPES]
         self.keys = [row[0].key for row in self.effects]
         buckets = [self.ledger.bucket_of(key) for key in self.keys]
@@ -172,11 +177,19 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.ledger.client.close()
+        self.other.client.close()
 
     # -- helpers ----------------------------------------------------------------------
 
+    def _names(self, k: int) -> list[str]:
+        """Both names key ``k``'s record may be stored under (hex, short)."""
+        names = self.ledger._keys(self.keys[k])
+        return sorted([names[0], names[7]], key=len, reverse=True)
+
     def _record_key(self, k: int) -> str:
-        return self.ledger._keys(self.keys[k])[0]
+        """The name key ``k``'s record is stored under (the hex one when there is none)."""
+        hex_name, short_name = self._names(k)
+        return short_name if self.ledger.client.exists(short_name) else hex_name
 
     def _raw(self, k: int) -> dict[str, Any] | None:
         return self.ledger._stored(self.keys[k])
@@ -211,7 +224,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _wait_gone(self, k: int) -> None:
         time.sleep(TINY_S)
-        poll(lambda: self.ledger.client.exists(self._record_key(k)), lambda n: n == 0, timeout=5)
+        poll(lambda: self.ledger.client.exists(*self._names(k)), lambda n: n == 0, timeout=5)
         self.model.expire(k)
         self.snap[k] = None
 
@@ -242,6 +255,15 @@ class LedgerMachine(RuleBasedStateMachine):
     def first_submissions(self) -> Any:
         """Every key submitted once: a message for each exists from the start."""
         return multiple(*(self._submit(k, 0) for k in range(len(self.keys))))
+
+    @rule()
+    def the_other_spelling_takes_over(self) -> None:
+        """From here on the other ledger makes the calls: the one writing short names and
+        the tight record form, or the one writing hex names and the settled form (a fleet
+        of both, as embedding code beside a laid-out pool makes). Every record must read
+        the same through either, and move to the writer's name on its next write."""
+        self.ledger, self.other = self.other, self.ledger
+        event(f"short names: {self.ledger.keyspace.short}")
 
     @rule(target=messages, k=KEY, variant=st.sampled_from([0, 0, 1]))
     def submit(self, k: int, variant: int) -> Message:
@@ -655,6 +677,15 @@ class LedgerMachine(RuleBasedStateMachine):
         event("retention ended")
 
     # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def a_record_has_one_name_at_a_time(self) -> None:
+        """Never a record under both spellings: two copies could disagree, and a claim that
+        found the stale one would run the effect again."""
+        pipe = self.ledger.client.pipeline(transaction=False)
+        for k in range(len(self.keys)):
+            pipe.exists(*self._names(k))
+        assert all(n <= 1 for n in pipe.execute())
 
     @invariant()
     def records_agree_with_the_model(self) -> None:
