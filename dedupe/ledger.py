@@ -71,8 +71,10 @@ class Ledger(Transitions, Reads, Checks):
         ``wait_timeout_ms`` (at least 1: WAIT's 0 would block until a replica answers)
         bounds each WAIT.
     short_names:
-        write records under short names (``dedupe/keys.py``); ``check_layout`` sets it from
-        the version record. Either way records written under the other spelling are found.
+        write records under short names and settled ones in the tight form
+        (``dedupe/keys.py``); ``check_layout`` sets it from the version record. Either way
+        records written under the other spelling are found. Not on a namespace an earlier
+        release still runs on: it reads hex names only.
     """
 
     def __init__(
