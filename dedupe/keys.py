@@ -10,9 +10,9 @@ bucket is the key's first 8 hex digits modulo the bucket count):
     {<ns>:<b>}:p:<key>         the pending marker          (KEYS[4])
     {<ns>:<b>}:audit:<key>     the effect's audit trail    (stream)
 
-A record's ``<name>`` is its key's 32 bytes in unpadded base64url (43 characters: 360 -> 328
-bytes of ``MEMORY USAGE`` per DONE record, the key's allocation falling from jemalloc's
-96-byte class to its 64-byte one) in a namespace the version record names ``short``
+A record's ``<name>`` is its key's 32 bytes in unpadded base64url (43 characters: 32 bytes
+of ``MEMORY USAGE`` less per record, the key's allocation falling from jemalloc's 96-byte
+class to its 64-byte one) in a namespace the version record names ``short``
 (every namespace laid out by this release), and the 64 hex digits themselves in one laid
 out before (``hex``). The ledger script reads a record under either spelling and moves it
 to its own on a write, so a ledger that writes one spelling never misses a record written
@@ -62,6 +62,7 @@ SCHEMA_NAMESPACE = "ns:"
 #: The prefix of the version record's fields naming a namespace's record spelling.
 SCHEMA_NAMES = "names:"
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
+_HEX = frozenset("0123456789abcdef")
 #: The base64url alphabet, in order (a hex prefix's last digit narrows a name's character
 #: to a range of it).
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -90,11 +91,12 @@ def short_name(key: str) -> str:
 
 
 def effect_key_of(name: str) -> str:
-    """The effect key a record's name (its part after ``:r:``) spells, in either form."""
-    if len(name) != 43:
+    """The effect key a record's name (its part after ``:r:``) spells, in either form (a
+    43-character hex key, which only a test could make, reads as itself)."""
+    if len(name) != 43 or all(c in _HEX for c in name):
         return name
     try:
-        return base64.urlsafe_b64decode(name + "=").hex()
+        return base64.b64decode(name + "=", altchars=b"-_", validate=True).hex()
     except ValueError:
         return name
 
