@@ -1,7 +1,7 @@
 """``LocalStack.worker_processes``: the Dramatiq worker processes of a pool are the processes
-its Dramatiq main process *forked*; anything else in the tree (a tool's subprocess, a
-helper a library ran while booting) is not one — a fault test that freezes or kills "the
-worker" must not be handed a passing ``ldconfig``."""
+its Dramatiq main process started through multiprocessing (forked, or spawned); anything
+else in the tree (a tool's subprocess, a helper a library ran while booting) is not one — a
+fault test that freezes or kills "the worker" must not be handed a passing ``ldconfig``."""
 
 from __future__ import annotations
 
@@ -18,16 +18,20 @@ from workers.dev.local import LocalStack
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux tree")
 
-# The "main process": forks one worker process, and runs a helper beside it.
+# The "main process": forks one worker process, starts one as multiprocessing's spawn does
+# (macOS's default), and runs a helper beside them.
 MAIN = textwrap.dedent(
     """
     import os, subprocess, sys, time
     helper = subprocess.Popen(["sleep", "60"])
+    spawned = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--multiprocessing-fork"]
+    )
     pid = os.fork()
     if pid == 0:
         time.sleep(60)
         os._exit(0)
-    print(pid, helper.pid, flush=True)
+    print(pid, spawned.pid, helper.pid, flush=True)
     time.sleep(60)
     """
 )
@@ -43,7 +47,7 @@ SUPERVISOR = textwrap.dedent(
 )
 
 
-def test_only_forked_processes_are_worker_processes() -> None:
+def test_only_processes_multiprocessing_started_are_worker_processes() -> None:
     pool = subprocess.Popen(
         [sys.executable, "-c", SUPERVISOR, MAIN],
         stdout=subprocess.PIPE,
@@ -52,9 +56,10 @@ def test_only_forked_processes_are_worker_processes() -> None:
     )
     try:
         assert pool.stdout is not None
-        forked, helper = map(int, pool.stdout.readline().split())
+        forked, spawned, helper = map(int, pool.stdout.readline().split())
         stack = LocalStack()
-        wait_for(lambda: stack.worker_processes(pool) == [forked], what="the forked child")
+        want = sorted([forked, spawned])
+        wait_for(lambda: sorted(stack.worker_processes(pool)) == want, what="the two workers")
         assert helper not in stack.worker_processes(pool)
     finally:
         os.killpg(pool.pid, signal.SIGKILL)

@@ -94,11 +94,14 @@ class RabbitVhost:
         return {row["name"]: int(row["messages"]) for row in json.loads(out or "[]")}
 
 
-def _runs(process: psutil.Process, command: list[str]) -> bool:
+def _is_worker(process: psutil.Process, command: list[str]) -> bool:
+    """Started by multiprocessing for its Dramatiq main process (``command``): forked, it
+    runs the same command line; spawned (macOS's default), multiprocessing marks it."""
     try:
-        return process.cmdline() == command
+        line = process.cmdline()
     except psutil.NoSuchProcess:
         return False
+    return line == command or line[-1:] == ["--multiprocessing-fork"]
 
 
 class LocalStack(Started):
@@ -212,9 +215,10 @@ class LocalStack(Started):
 
     def worker_processes(self, pool: subprocess.Popen[bytes] | None = None) -> list[int]:
         """Pids of the Dramatiq worker processes (the ones that run actors) of a pool: the
-        processes each Dramatiq main process (a child of the supervisor) *forked*, which
-        run its command line. A process one of them started (a tool's subprocess, a helper
-        a library runs while booting) is none: freezing or killing it tests nothing."""
+        processes each Dramatiq main process (a child of the supervisor) started through
+        multiprocessing (``_is_worker``). A process one of them started otherwise (a tool's
+        subprocess, a helper a library runs while booting) is none: freezing or killing it
+        tests nothing."""
         pids: list[int] = []
         for supervisor in [pool] if pool else self.pools:
             # Reaped: its pid may be another process's by now.
@@ -227,7 +231,7 @@ class LocalStack(Started):
             for main in mains:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     command, children = main.cmdline(), main.children()
-                    pids += [c.pid for c in children if _runs(c, command)]
+                    pids += [c.pid for c in children if _is_worker(c, command)]
         return pids
 
     def wait_for_workers(
