@@ -28,9 +28,10 @@
 --                              a fresh record's token is its INCR, so a key's tokens keep growing
 --                              after its record expired (a stale holder's token never becomes
 --                              valid again). Never expires.
---   KEYS[8]  record   the same record under its other name: read when KEYS[1] holds none, and
---                              deleted when the record is written under KEYS[1] (so one
---                              name holds it at a time, whichever spelling wrote it last)
+--   KEYS[8]  record   the same record under its other name: read with KEYS[1] (one MGET),
+--                              taken when KEYS[1] holds none, and deleted when the record is
+--                              written under KEYS[1] (so one name holds it at a time,
+--                              whichever spelling wrote it last)
 -- ARGV[1] op, ARGV[2] effect key (the lease-index member), then per op (see each function).
 --
 -- Record fields, as the script holds them in a Lua table (short names, DESIGN §2):
@@ -699,10 +700,16 @@ local function run(keys, args)
   -- A ledger writing short names (KEYS[1] the shorter spelling) writes the tight form too:
   -- no release before short names runs on its namespace (format 2, dedupe/checks.py).
   compact = K[8] ~= nil and #K[1] < #K[8]
-  local blob = redis.call('GET', stored)
-  if not blob and K[8] then
-    blob = redis.call('GET', K[8])
-    if blob then stored = K[8] end
+  local blob
+  if K[8] then
+    -- Both names in one command (a miss under KEYS[1] is every fresh claim). An ACL line
+    -- written before this release may grant no MGET: two GETs do the same.
+    local both = redis.pcall('MGET', stored, K[8])
+    if both.err then both = {redis.call('GET', stored), redis.call('GET', K[8])} end
+    blob = both[1]
+    if not blob and both[2] then blob, stored = both[2], K[8] end
+  else
+    blob = redis.call('GET', stored)
   end
   rec = blob and decode(blob) or nil
   local op = OPS[A[1]]

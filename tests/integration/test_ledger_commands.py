@@ -61,7 +61,7 @@ def test_a_fresh_claim_takes_its_token_from_the_bucket_floor_and_its_commit_writ
     assert ledger.claim(second, lease_s=30, holder="w/1").token > claim.token
 
 
-def test_claim_and_commit_cost_sixteen_commands_and_a_duplicate_three(
+def test_claim_and_commit_cost_fifteen_commands_and_a_duplicate_three(
     redis_server: RedisServer,
 ) -> None:
     ledger = fresh_ledger(redis_server.url)
@@ -75,9 +75,8 @@ def test_claim_and_commit_cost_sixteen_commands_and_a_duplicate_three(
         ledger.commit(effect.key, claim.token, {"id": "ch_1"}, retention_s=RETENTION_S)
 
     first_cost = _commands(ledger, first)
-    # 15, and a fresh claim's second GET: the record under its other name (dedupe/keys.py),
-    # the price of a record named in 43 characters, not 64 (32 bytes less per record).
-    assert sum(first_cost.values()) <= 16 and first_cost["get"] == 4, first_cost
+    # Each call reads the record under both its names (dedupe/keys.py) in one MGET.
+    assert sum(first_cost.values()) <= 15 and first_cost["mget"] == 2, first_cost
     assert first_cost["time"] == 2, first_cost
 
     def duplicate() -> None:
@@ -85,6 +84,6 @@ def test_claim_and_commit_cost_sixteen_commands_and_a_duplicate_three(
         assert claim.outcome is ClaimOutcome.DUPLICATE and claim.receipt == {"id": "ch_1"}
 
     dup_cost = _commands(ledger, duplicate)
-    # The script call, the record's GET and the dup_claim counter: a duplicate needs no clock.
+    # The script call, the record's MGET and the dup_claim counter: a duplicate needs no clock.
     assert sum(dup_cost[c] for c in SCRIPT_CALLS) == 1, dup_cost
     assert dup_cost["time"] == 0 and sum(dup_cost.values()) == 3, dup_cost

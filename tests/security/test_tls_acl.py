@@ -66,9 +66,10 @@ ACL_LINE = f"ACL SETUSER {USER} " + " ".join(ACL_RULES)
 # The same user as granted before the ledger became a Function: scripts only.
 SCRIPTS_USER = "effectq-scripts"
 SCRIPTS_RULES = [rule for rule in ACL_RULES if "fcall" not in rule and "function" not in rule]
-# The same user as the previous release documented it: no INCR (a fresh record's token).
+# The same user as the previous release documented it, as far as the ledger's script goes:
+# no INCR (a fresh record's token) and no MGET (a record's two names read at once).
 PREVIOUS_USER = "effectq-previous"
-PREVIOUS_RULES = [rule for rule in ACL_RULES if rule != "+incr"]
+PREVIOUS_RULES = [rule for rule in ACL_RULES if rule not in ("+incr", "+mget")]
 
 
 def _certificates(directory: Path) -> dict[str, Path]:
@@ -257,8 +258,9 @@ def test_a_user_granted_the_previous_releases_acl_still_claims_and_fences(
     tls_server: TlsRedisServer,
 ) -> None:
     # An upgrade keeps the ACL it had: a fresh record's token comes from GET + SET of the
-    # bucket floor instead of INCR, and a key's tokens still only grow after its record
-    # expired (a stale holder's token never becomes valid again).
+    # bucket floor instead of INCR, a record's two names are read by two GETs instead of an
+    # MGET, and a key's tokens still only grow after its record expired (a stale holder's
+    # token never becomes valid again).
     ledger = Ledger.from_url(tls_server.ledger_url(user=PREVIOUS_USER))
     effect = charge()
     first = ledger.claim(effect, lease_s=30, holder="w/1")
