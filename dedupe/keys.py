@@ -44,6 +44,8 @@ import base64
 import binascii
 from dataclasses import dataclass, field
 
+from .identity import KEY_OR_PREFIX
+
 __all__ = [
     "FOREIGN_PATTERNS",
     "SCHEMA_KEY",
@@ -62,7 +64,6 @@ SCHEMA_NAMESPACE = "ns:"
 #: The prefix of the version record's fields naming a namespace's record spelling.
 SCHEMA_NAMES = "names:"
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
-_HEX = frozenset("0123456789abcdef")
 #: The base64url alphabet, in order (a hex prefix's last digit narrows a name's character
 #: to a range of it).
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -93,7 +94,7 @@ def short_name(key: str) -> str:
 def effect_key_of(name: str) -> str:
     """The effect key a record's name (its part after ``:r:``) spells, in either form (a
     43-character hex key, which only a test could make, reads as itself)."""
-    if len(name) != 43 or all(c in _HEX for c in name):
+    if len(name) != 43 or KEY_OR_PREFIX.fullmatch(name):
         return name
     try:
         return base64.b64decode(name + "=", altchars=b"-_", validate=True).hex()
